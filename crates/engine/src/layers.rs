@@ -1,0 +1,133 @@
+//! Building blocks shared by the decoder and the encoder: a linear layer with an optional LoRA
+//! adapter, RMSNorm and LayerNorm. Parameters live in a tch `VarStore` under their Hugging Face
+//! names, so checkpoints load and export without a renaming table.
+use serde::{Deserialize, Serialize};
+use tch::nn::{Init, Path};
+use tch::Tensor;
+
+/// How a forward pass runs. `adapters: false` turns every LoRA adapter off, which *is* the
+/// frozen reference policy: KL to the reference costs a second forward pass but no second copy
+/// of the weights.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode {
+    pub train: bool,
+    pub adapters: bool,
+}
+
+impl Mode {
+    pub const EVAL: Mode = Mode { train: false, adapters: true };
+    pub const TRAIN: Mode = Mode { train: true, adapters: true };
+    pub const REFERENCE: Mode = Mode { train: false, adapters: false };
+}
+
+/// LoRA hyper-parameters (Hu et al. 2021), PEFT's conventions: `scale = alpha / rank`,
+/// A ~ kaiming-uniform(a=√5), B = 0 so the adapted model starts equal to the base.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    pub rank: i64,
+    pub alpha: f64,
+    #[serde(default)]
+    pub dropout: f64,
+    /// Module names (last path component), e.g. ["q_proj", "v_proj"] or ["query", "value"].
+    pub target_modules: Vec<String>,
+}
+
+impl LoraConfig {
+    pub fn targets(&self, module: &str) -> bool {
+        self.target_modules.iter().any(|t| t == module)
+    }
+}
+
+#[derive(Debug)]
+pub struct LoraAdapter {
+    pub a: Tensor, // [rank, in]
+    pub b: Tensor, // [out, rank]
+    pub scale: f64,
+    pub dropout: f64,
+}
+
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Tensor, // [out, in]
+    pub bias: Option<Tensor>,
+    pub lora: Option<LoraAdapter>,
+}
+
+impl Linear {
+    /// `p` is the module's path (e.g. `model.layers.0.self_attn.q_proj`); `name` its last
+    /// component, matched against the LoRA target list.
+    /// `random`: uniform init (random test models); otherwise zeros, to be overwritten by a
+    /// checkpoint without paying for a random fill of billions of weights.
+    pub fn new(p: &Path, name: &str, dims: (i64, i64), bias: bool, lora: Option<&LoraConfig>, random: bool) -> Linear {
+        let (in_dim, out_dim) = dims;
+        let p = p / name;
+        let bound = 1.0 / (in_dim as f64).sqrt();
+        let init = if random { Init::Uniform { lo: -bound, up: bound } } else { Init::Const(0.0) };
+        let weight = p.var("weight", &[out_dim, in_dim], init);
+        let bias = bias.then(|| p.var("bias", &[out_dim], init));
+        let lora = lora.filter(|c| c.targets(name)).map(|c| LoraAdapter {
+            a: p.var("lora_A.weight", &[c.rank, in_dim], Init::Uniform { lo: -bound, up: bound }),
+            b: p.var("lora_B.weight", &[out_dim, c.rank], Init::Const(0.0)),
+            scale: c.alpha / c.rank as f64,
+            dropout: c.dropout,
+        });
+        Linear { weight, bias, lora }
+    }
+
+    pub fn forward(&self, x: &Tensor, mode: Mode) -> Tensor {
+        let y = x.linear(&self.weight, self.bias.as_ref());
+        match &self.lora {
+            Some(l) if mode.adapters => {
+                let x = if mode.train && l.dropout > 0.0 { x.dropout(l.dropout, true) } else { x.shallow_clone() };
+                y + x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale
+            }
+            _ => y,
+        }
+    }
+
+    /// W + scale·B·A: the weight an exported (merged) checkpoint carries.
+    pub fn merged_weight(&self) -> Tensor {
+        match &self.lora {
+            Some(l) => &self.weight + l.b.matmul(&l.a).to_kind(self.weight.kind()) * l.scale,
+            None => self.weight.shallow_clone(),
+        }
+    }
+}
+
+/// RMSNorm as transformers computes it: in float32, cast back before the weight multiply.
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(p: &Path, dim: i64, eps: f64) -> RmsNorm {
+        RmsNorm { weight: p.var("weight", &[dim], Init::Const(1.0)), eps }
+    }
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let kind = x.kind();
+        let xf = x.to_kind(tch::Kind::Float);
+        let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, tch::Kind::Float);
+        let normed = (xf * (var + self.eps).rsqrt()).to_kind(kind);
+        &self.weight * normed
+    }
+}
+
+#[derive(Debug)]
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(p: &Path, dim: i64, eps: f64) -> LayerNorm {
+        LayerNorm { weight: p.var("weight", &[dim], Init::Const(1.0)), bias: p.var("bias", &[dim], Init::Const(0.0)), eps }
+    }
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        let d = *x.size().last().unwrap();
+        x.layer_norm([d], Some(&self.weight), Some(&self.bias), self.eps, true)
+    }
+}

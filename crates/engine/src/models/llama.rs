@@ -1,0 +1,338 @@
+//! The Llama family decoder: Llama 2/3 (GQA, Llama-3 RoPE scaling), SmolLM2 (tied
+//! embeddings), Qwen2/Qwen2.5 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm).
+//!
+//! Parameters carry transformers' names (`model.layers.N.self_attn.q_proj.weight`, ...), the
+//! attention is libtorch's SDPA with an explicit boolean mask (so left-padded ragged batches and
+//! KV-cache "holes" are handled by one code path), and the KV cache is preallocated and written
+//! in place rather than concatenated every step.
+use crate::config::{DecoderConfig, RopeScaling};
+use crate::layers::{Linear, LoraConfig, Mode, RmsNorm};
+use tch::nn::{Init, Path};
+use tch::{Kind, Tensor};
+
+#[derive(Debug)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: i64,
+    n_kv: i64,
+    head_dim: i64,
+}
+
+#[derive(Debug)]
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+#[derive(Debug)]
+struct Block {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// Per-layer key/value buffers of shape [B, n_kv, capacity, head_dim], filled up to `len`.
+#[derive(Debug)]
+pub struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    pub len: i64,
+}
+
+impl KvCache {
+    pub fn new() -> KvCache {
+        KvCache { k: vec![], v: vec![], len: 0 }
+    }
+
+    fn capacity(&self) -> i64 {
+        self.k.first().map_or(0, |t| t.size()[2])
+    }
+
+    /// Makes room for `extra` more positions, doubling so appends stay amortised O(1).
+    fn reserve(&mut self, extra: i64, like: &Tensor, n_layers: usize) {
+        let need = self.len + extra;
+        if need <= self.capacity() && !self.k.is_empty() {
+            return;
+        }
+        let (b, h, _, d) = like.size4().unwrap();
+        let cap = need.max(2 * self.capacity()).max(64);
+        let grow = |old: &Tensor| {
+            let t = Tensor::zeros([b, h, cap, d], (like.kind(), like.device()));
+            if self.len > 0 {
+                t.narrow(2, 0, self.len).copy_(&old.narrow(2, 0, self.len));
+            }
+            t
+        };
+        if self.k.is_empty() {
+            let z = || Tensor::zeros([b, h, cap, d], (like.kind(), like.device()));
+            self.k = (0..n_layers).map(|_| z()).collect();
+            self.v = (0..n_layers).map(|_| z()).collect();
+        } else {
+            self.k = self.k.iter().map(grow).collect();
+            self.v = self.v.iter().map(grow).collect();
+        }
+    }
+
+    /// Keeps only the given batch rows (drop finished sequences from a decode batch).
+    pub fn select_rows(&mut self, rows: &Tensor) {
+        self.k = self.k.iter().map(|t| t.index_select(0, rows)).collect();
+        self.v = self.v.iter().map(|t| t.index_select(0, rows)).collect();
+    }
+}
+
+impl Default for KvCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// rotate_half(x) = [-x2, x1]: transformers' (non-interleaved) RoPE convention.
+fn rotate_half(x: &Tensor) -> Tensor {
+    let half = x.size()[x.dim() - 1] / 2;
+    Tensor::cat(&[-x.narrow(-1, half, half), x.narrow(-1, 0, half)], -1)
+}
+
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    x * cos + rotate_half(x) * sin
+}
+
+/// Inverse frequencies θ^(-2i/d), with Llama-3's wavelength-dependent scaling when configured
+/// (transformers' `_compute_llama3_parameters`).
+pub fn rope_inv_freq(cfg: &DecoderConfig) -> Vec<f32> {
+    let d = cfg.head_dim;
+    let base: Vec<f64> = (0..d / 2)
+        .map(|i| {
+            let e = ((2 * i) as f32 / d as f32) as f64;
+            1.0 / cfg.rope_theta.powf(e)
+        })
+        .collect();
+    match cfg.rope_scaling {
+        RopeScaling::None => base.iter().map(|&f| f as f32).collect(),
+        RopeScaling::Linear { factor } => base.iter().map(|&f| (f / factor) as f32).collect(),
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings: old } => {
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            base.iter()
+                .map(|&f| {
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                    if wavelen < high_wavelen || wavelen > low_wavelen {
+                        scaled as f32
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
+impl Attention {
+    fn new(p: &Path, cfg: &DecoderConfig, lora: Option<&LoraConfig>, random: bool) -> Attention {
+        let (d, hd) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let b = cfg.attention_bias;
+        Attention {
+            q_proj: Linear::new(p, "q_proj", (d, nh * hd), b, lora, random),
+            k_proj: Linear::new(p, "k_proj", (d, nkv * hd), b, lora, random),
+            v_proj: Linear::new(p, "v_proj", (d, nkv * hd), b, lora, random),
+            o_proj: Linear::new(p, "o_proj", (nh * hd, d), false, lora, random),
+            q_norm: cfg.qk_norm.then(|| RmsNorm::new(&(p / "q_norm"), hd, cfg.rms_norm_eps)),
+            k_norm: cfg.qk_norm.then(|| RmsNorm::new(&(p / "k_norm"), hd, cfg.rms_norm_eps)),
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        cache: Option<(&mut Tensor, &mut Tensor, i64)>,
+        mode: Mode,
+    ) -> Tensor {
+        let (b, t, _) = x.size3().unwrap();
+        let heads = |y: Tensor, n: i64, norm: &Option<RmsNorm>| {
+            let y = y.view([b, t, n, self.head_dim]);
+            let y = match norm {
+                Some(nm) => nm.forward(&y),
+                None => y,
+            };
+            y.transpose(1, 2)
+        };
+        let q = heads(self.q_proj.forward(x, mode), self.n_heads, &self.q_norm);
+        let k = heads(self.k_proj.forward(x, mode), self.n_kv, &self.k_norm);
+        let v = heads(self.v_proj.forward(x, mode), self.n_kv, &None);
+        let q = apply_rope(&q, cos, sin);
+        let k = apply_rope(&k, cos, sin);
+        let (k, v) = match cache {
+            Some((ck, cv, pos)) => {
+                ck.narrow(2, pos, t).copy_(&k);
+                cv.narrow(2, pos, t).copy_(&v);
+                (ck.narrow(2, 0, pos + t), cv.narrow(2, 0, pos + t))
+            }
+            None => (k, v),
+        };
+        let y = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true);
+        let y = y.transpose(1, 2).reshape([b, t, self.n_heads * self.head_dim]);
+        self.o_proj.forward(&y, mode)
+    }
+}
+
+impl Mlp {
+    fn new(p: &Path, cfg: &DecoderConfig, lora: Option<&LoraConfig>, random: bool) -> Mlp {
+        let (d, f, b) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias);
+        Mlp {
+            gate_proj: Linear::new(p, "gate_proj", (d, f), b, lora, random),
+            up_proj: Linear::new(p, "up_proj", (d, f), b, lora, random),
+            down_proj: Linear::new(p, "down_proj", (f, d), b, lora, random),
+        }
+    }
+    fn forward(&self, x: &Tensor, mode: Mode) -> Tensor {
+        let h = self.gate_proj.forward(x, mode).silu() * self.up_proj.forward(x, mode);
+        self.down_proj.forward(&h, mode)
+    }
+}
+
+#[derive(Debug)]
+pub struct DecoderLm {
+    pub cfg: DecoderConfig,
+    embed_tokens: Tensor,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    inv_freq: Tensor,
+}
+
+impl DecoderLm {
+    /// Builds the module tree under `root` (a VarStore root; its kind and device are used).
+    pub fn new(root: &Path, cfg: &DecoderConfig, lora: Option<&LoraConfig>, random: bool) -> DecoderLm {
+        let m = root / "model";
+        let embed_init = if random { Init::Randn { mean: 0.0, stdev: 0.02 } } else { Init::Const(0.0) };
+        let embed_tokens = (&m / "embed_tokens").var("weight", &[cfg.vocab_size, cfg.hidden_size], embed_init);
+        let layers = (0..cfg.num_layers)
+            .map(|i| {
+                let p = &m / "layers" / i;
+                Block {
+                    input_layernorm: RmsNorm::new(&(&p / "input_layernorm"), cfg.hidden_size, cfg.rms_norm_eps),
+                    self_attn: Attention::new(&(&p / "self_attn"), cfg, lora, random),
+                    post_attention_layernorm: RmsNorm::new(
+                        &(&p / "post_attention_layernorm"),
+                        cfg.hidden_size,
+                        cfg.rms_norm_eps,
+                    ),
+                    mlp: Mlp::new(&(&p / "mlp"), cfg, lora, random),
+                }
+            })
+            .collect();
+        let norm = RmsNorm::new(&(&m / "norm"), cfg.hidden_size, cfg.rms_norm_eps);
+        // The output head is never LoRA-adapted (PEFT leaves lm_head alone by default).
+        let lm_head = (!cfg.tie_word_embeddings)
+            .then(|| Linear::new(root, "lm_head", (cfg.hidden_size, cfg.vocab_size), false, None, random));
+        let inv_freq = Tensor::from_slice(&rope_inv_freq(cfg)).to_device(root.device());
+        DecoderLm { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq }
+    }
+
+    pub fn device(&self) -> tch::Device {
+        self.embed_tokens.device()
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.embed_tokens.kind()
+    }
+
+    /// Final hidden states [B, T, D] for `ids` [B, T] at `positions` [B, T] (RoPE positions,
+    /// i.e. the count of real tokens before each one). `mask` [B, 1, T, T_keys] is true where a
+    /// query may attend to a key; with a cache, keys are all cached positions plus these T.
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        mode: Mode,
+    ) -> Tensor {
+        let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
+        let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq;
+        let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
+        let (cos, sin) = (emb.cos().to_kind(x.kind()), emb.sin().to_kind(x.kind()));
+        let pos = cache.as_ref().map_or(0, |c| c.len);
+        if let Some(c) = cache.as_deref_mut() {
+            let (b, t) = ids.size2().unwrap();
+            let like = Tensor::empty([b, self.cfg.num_kv_heads, 1, self.cfg.head_dim], (x.kind(), x.device()));
+            c.reserve(t, &like, self.layers.len());
+        }
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(&x);
+            let kv = cache.as_deref_mut().map(|c| {
+                let (k, v) = (&mut c.k[i], &mut c.v[i]);
+                (k, v, pos)
+            });
+            let h = layer.self_attn.forward(&h, &cos, &sin, mask, kv, mode);
+            x = x + h;
+            let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x), mode);
+            x = x + h;
+        }
+        if let Some(c) = cache {
+            c.len += ids.size()[1];
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Logits for hidden states [.., D], upcast to float32 when the model runs in 16 bits
+    /// (float64 models keep float64: the gradient-parity tests run in double precision).
+    pub fn logits(&self, hidden: &Tensor) -> Tensor {
+        let w = self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight);
+        let l = hidden.linear::<Tensor>(w, None);
+        match l.kind() {
+            Kind::Double => l,
+            _ => l.to_kind(Kind::Float),
+        }
+    }
+
+    /// Every parameter in its exported form: LoRA merged into its base weight, adapter tensors
+    /// dropped, names as transformers expects them.
+    pub fn merged_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), self.embed_tokens.shallow_clone())];
+        let lin = |out: &mut Vec<(String, Tensor)>, name: String, l: &Linear| {
+            out.push((format!("{name}.weight"), l.merged_weight()));
+            if let Some(b) = &l.bias {
+                out.push((format!("{name}.bias"), b.shallow_clone()));
+            }
+        };
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            out.push((format!("{p}.input_layernorm.weight"), l.input_layernorm.weight.shallow_clone()));
+            out.push((format!("{p}.post_attention_layernorm.weight"), l.post_attention_layernorm.weight.shallow_clone()));
+            let a = &l.self_attn;
+            for (n, lin_) in [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)] {
+                lin(&mut out, format!("{p}.self_attn.{n}"), lin_);
+            }
+            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+                out.push((format!("{p}.self_attn.q_norm.weight"), qn.weight.shallow_clone()));
+                out.push((format!("{p}.self_attn.k_norm.weight"), kn.weight.shallow_clone()));
+            }
+            let m = &l.mlp;
+            for (n, lin_) in [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)] {
+                lin(&mut out, format!("{p}.mlp.{n}"), lin_);
+            }
+        }
+        out.push(("model.norm.weight".to_string(), self.norm.weight.shallow_clone()));
+        if let Some(h) = &self.lm_head {
+            out.push(("lm_head.weight".to_string(), h.weight.shallow_clone()));
+        }
+        out
+    }
+}

@@ -1,0 +1,145 @@
+//! A policy = decoder LM + tokenizer + its VarStore, loaded from a standard HF directory, with
+//! optional LoRA (base frozen) and export back to a plain HF directory (LoRA merged).
+use crate::config::DecoderConfig;
+use crate::error::{EngineError, Result};
+use crate::layers::LoraConfig;
+use crate::models::llama::DecoderLm;
+use crate::tokenizer::Tokenizer;
+use crate::weights;
+use std::path::{Path, PathBuf};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    pub device: Device,
+    pub dtype: Kind,
+    pub lora: Option<LoraConfig>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { device: Device::Cpu, dtype: Kind::Float, lora: None }
+    }
+}
+
+pub struct Policy {
+    pub lm: DecoderLm,
+    pub vs: VarStore,
+    pub tokenizer: Option<Tokenizer>,
+    pub lora: Option<LoraConfig>,
+    pub dir: Option<PathBuf>,
+}
+
+pub fn is_lora_param(name: &str) -> bool {
+    name.contains(".lora_A.") || name.contains(".lora_B.")
+}
+
+/// Builds the VarStore and module tree; with LoRA, everything but the adapters is frozen.
+pub(crate) fn build<M>(
+    opts: &LoadOptions,
+    make: impl FnOnce(&tch::nn::Path) -> M,
+) -> (VarStore, M) {
+    let mut vs = VarStore::new(opts.device);
+    vs.set_kind(opts.dtype);
+    let m = make(&vs.root());
+    if opts.lora.is_some() {
+        for (name, t) in vs.variables() {
+            if !is_lora_param(&name) {
+                let _ = t.set_requires_grad(false);
+            }
+        }
+    }
+    (vs, m)
+}
+
+impl Policy {
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Policy> {
+        if !dir.is_dir() {
+            return Err(EngineError::Invalid(format!("{}: not a model directory", dir.display())));
+        }
+        let cfg = DecoderConfig::from_dir(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let files = weights::weight_files(dir)?;
+        let (vs, lm) = build(opts, |root| DecoderLm::new(root, &cfg, opts.lora.as_ref(), false));
+        let tied = cfg.tie_word_embeddings;
+        weights::load_into(&files, &vs.variables(), is_lora_param, |n| {
+            (tied && n == "lm_head.weight") || n.ends_with("rotary_emb.inv_freq")
+        })?;
+        if tokenizer.vocab_size() as i64 > cfg.vocab_size {
+            return Err(EngineError::config(
+                dir.join("config.json"),
+                "vocab_size",
+                format!("{} is smaller than the tokenizer's {} tokens", cfg.vocab_size, tokenizer.vocab_size()),
+            ));
+        }
+        Ok(Policy { lm, vs, tokenizer: Some(tokenizer), lora: opts.lora.clone(), dir: Some(dir.to_path_buf()) })
+    }
+
+    /// A randomly initialised model (tests, benchmarks), seeded through libtorch's generator.
+    pub fn random(cfg: &DecoderConfig, opts: &LoadOptions, seed: i64) -> Policy {
+        tch::manual_seed(seed);
+        let (vs, lm) = build(opts, |root| DecoderLm::new(root, cfg, opts.lora.as_ref(), true));
+        Policy { lm, vs, tokenizer: None, lora: opts.lora.clone(), dir: None }
+    }
+
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| EngineError::Invalid("this policy has no tokenizer".into()))
+    }
+
+    /// Parameters the optimiser updates (adapters only under LoRA), sorted by name.
+    pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// All named parameters (base and adapters), sorted by name.
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Saves raw (unmerged) weights + config as an HF-style directory (random test models).
+    pub fn save_weights(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+        let cfg = serde_json::to_string_pretty(&self.lm.cfg.raw).unwrap();
+        crate::fsutil::write_atomic(&dir.join("config.json"), cfg.as_bytes())?;
+        weights::write_atomic(&dir.join("model.safetensors"), &self.parameters())
+    }
+
+    /// Writes a plain transformers directory: merged weights in `dtype`, config.json with every
+    /// original field, and the tokenizer files. Built in a sibling temp directory and renamed
+    /// into place, so a crash never leaves a half-exported model.
+    pub fn export_hf(&self, out: &Path, dtype: Kind) -> Result<()> {
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
+        let params: Vec<(String, Tensor)> =
+            tch::no_grad(|| self.lm.merged_parameters().into_iter().map(|(n, t)| (n, t.to_kind(dtype))).collect());
+        weights::write_atomic(&tmp.join("model.safetensors"), &params)?;
+        let mut cfg = self.lm.cfg.raw.clone();
+        if let Some(o) = cfg.as_object_mut() {
+            o.insert("dtype".into(), crate::device::dtype_name(dtype).into());
+            o.remove("torch_dtype");
+            o.remove("quantization_config");
+        }
+        crate::fsutil::write_atomic(&tmp.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap().as_bytes())?;
+        if let Some(src) = &self.dir {
+            for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json", "special_tokens_map.json"] {
+                let p = src.join(f);
+                if p.exists() {
+                    std::fs::copy(&p, tmp.join(f)).map_err(|e| EngineError::io(&p, e))?;
+                }
+            }
+        }
+        if out.exists() {
+            std::fs::remove_dir_all(out).map_err(|e| EngineError::io(out, e))?;
+        }
+        std::fs::rename(&tmp, out).map_err(|e| EngineError::io(out, e))?;
+        crate::fsutil::sync_dir(out)
+    }
+}
