@@ -67,8 +67,8 @@ impl Linear {
         let weight = p.var("weight", &[out_dim, in_dim], init);
         let bias = bias.then(|| p.var("bias", &[out_dim], init));
         let lora = lora.filter(|c| c.targets(name)).map(|c| LoraAdapter {
-            a: p.var("lora_A.weight", &[c.rank, in_dim], Init::Uniform { lo: -bound, up: bound }),
-            b: p.var("lora_B.weight", &[out_dim, c.rank], Init::Const(0.0)),
+            a: (&p / "lora_A").var("weight", &[c.rank, in_dim], Init::Uniform { lo: -bound, up: bound }),
+            b: (&p / "lora_B").var("weight", &[out_dim, c.rank], Init::Const(0.0)),
             scale: c.alpha / c.rank as f64,
             dropout: c.dropout,
         });

@@ -1,0 +1,209 @@
+//! Bad input gets a clear error naming the file, field or tensor; checkpoints are atomic,
+//! checksummed and resume exactly; exports load in transformers with LoRA merged.
+mod common;
+use common::*;
+use knowrl_engine::checkpoint;
+use knowrl_engine::config::DecoderConfig;
+use knowrl_engine::optim::{AdamW, AdamWConfig};
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::weights::{read_all, write_atomic};
+use knowrl_engine::{EngineError, LoadOptions, LoraConfig, Mode, Policy, Tokenizer};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+fn tiny_config() -> Value {
+    json!({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": true,
+        "eos_token_id": 2, "bos_token_id": 1})
+}
+
+fn tiny_policy(lora: Option<LoraConfig>) -> Policy {
+    let cfg = DecoderConfig::from_value(Path::new("config.json"), tiny_config()).unwrap();
+    Policy::random(&cfg, &LoadOptions { lora, ..Default::default() }, 5)
+}
+
+/// A random model directory with the SmolLM2 tokenizer files (only the tokenizer matters here).
+fn model_dir(tag: &str) -> PathBuf {
+    let d = tmpdir(tag);
+    let smol = real_model("smollm2-135m-instruct");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(smol.join(f), d.join(f)).unwrap();
+    }
+    let mut c = tiny_config();
+    c["vocab_size"] = json!(49152);
+    std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    let cfg = DecoderConfig::from_value(&d.join("config.json"), c).unwrap();
+    Policy::random(&cfg, &LoadOptions::default(), 5).save_weights(&d).unwrap();
+    d
+}
+
+fn err_of(dir: &Path) -> String {
+    match Policy::load(dir, &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded but should not", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_model_directories_are_named_errors() {
+    let d = model_dir("bad");
+    assert!(Policy::load(&d, &LoadOptions::default()).is_ok());
+    let weights = d.join("model.safetensors");
+    let good = read_all(&weights).unwrap();
+
+    // A missing tensor.
+    let mut v: Vec<(String, Tensor)> = good.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
+    v.retain(|(k, _)| k != "model.layers.1.mlp.up_proj.weight");
+    write_atomic(&weights, &v).unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("missing"), "{e}");
+
+    // A tensor of the wrong shape.
+    let mut v: Vec<(String, Tensor)> = good.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
+    for (k, t) in v.iter_mut() {
+        if k == "model.layers.0.self_attn.q_proj.weight" {
+            *t = Tensor::zeros([31, 32], (Kind::Float, tch::Device::Cpu));
+        }
+    }
+    write_atomic(&weights, &v).unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("model.layers.0.self_attn.q_proj.weight") && e.contains("shape mismatch") && e.contains("[31, 32]"), "{e}");
+
+    // A tensor the config does not describe (e.g. weights of a model with attention bias).
+    let mut v: Vec<(String, Tensor)> = good.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
+    v.push(("model.layers.0.self_attn.q_proj.bias".into(), Tensor::zeros([32], (Kind::Float, tch::Device::Cpu))));
+    write_atomic(&weights, &v).unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("q_proj.bias") && e.contains("unexpected"), "{e}");
+
+    // A truncated safetensors file.
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("model.safetensors") && e.contains("safetensors"), "{e}");
+
+    // Unsupported architecture, and a wrongly typed field.
+    let mut c = tiny_config();
+    c["model_type"] = json!("gpt2");
+    std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("config.json") && e.contains("model_type") && e.contains("gpt2"), "{e}");
+    let mut c = tiny_config();
+    c["hidden_size"] = json!("big");
+    std::fs::write(d.join("config.json"), c.to_string()).unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("hidden_size") && e.contains("integer"), "{e}");
+    std::fs::write(d.join("config.json"), "{\"model_type\": \"llama\",\n  oops").unwrap();
+    let e = err_of(&d);
+    assert!(e.contains("config.json") && e.contains("line 2"), "{e}");
+
+    // A broken tokenizer.json.
+    std::fs::write(d.join("tokenizer.json"), "{\"model\": 42}").unwrap();
+    match Tokenizer::from_dir(&d) {
+        Err(e @ EngineError::Tokenizer { .. }) => assert!(e.to_string().contains("tokenizer.json"), "{e}"),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("broken tokenizer.json loaded"),
+    }
+    // Not a directory at all.
+    let e = err_of(&d.join("nope"));
+    assert!(e.contains("nope"), "{e}");
+}
+
+fn loss(p: &Policy) -> Tensor {
+    let reqs = [
+        ScoreRequest { prompt: &[1, 5, 7], response: &[9, 10, 2], loss_mask: None },
+        ScoreRequest { prompt: &[1, 3], response: &[11, 12, 13, 2], loss_mask: None },
+    ];
+    let s = score(&p.lm, &reqs, 1.0, Mode::TRAIN);
+    -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float)
+}
+
+fn train_steps(p: &Policy, opt: &mut AdamW, n: usize) {
+    for _ in 0..n {
+        opt.zero_grad();
+        loss(p).backward();
+        opt.clip_grad_norm(1.0);
+        opt.step(1e-2);
+    }
+}
+
+#[test]
+fn checkpoints_resume_bit_identically_and_detect_corruption() {
+    let root = tmpdir("ckpt");
+    let lora = LoraConfig { rank: 2, alpha: 4.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "v_proj".into()] };
+    // Run A: 4 steps straight. Run B: 2 steps, checkpoint, fresh process state, load, 2 steps.
+    let a = tiny_policy(Some(lora.clone()));
+    let mut oa = AdamW::new(a.trainable_parameters(), AdamWConfig::default());
+    train_steps(&a, &mut oa, 4);
+
+    let b = tiny_policy(Some(lora.clone()));
+    let mut ob = AdamW::new(b.trainable_parameters(), AdamWConfig::default());
+    train_steps(&b, &mut ob, 2);
+    let dir = checkpoint::save(&root, 2, &b.trainable_parameters(), &ob, &json!({"rng": [1, 2]})).unwrap();
+    assert_eq!(checkpoint::latest(&root).unwrap().unwrap(), dir);
+
+    let c = tiny_policy(Some(lora));
+    let mut oc = AdamW::new(c.trainable_parameters(), AdamWConfig::default());
+    let (step, state) = checkpoint::load(&dir, &c.trainable_parameters(), &mut oc).unwrap();
+    assert_eq!((step, state), (2, json!({"rng": [1, 2]})));
+    train_steps(&c, &mut oc, 2);
+    for ((n, x), (_, y)) in a.trainable_parameters().iter().zip(c.trainable_parameters()) {
+        assert!(x.equal(&y), "{n} differs after resume");
+    }
+
+    // Flip one byte: the checksum names the file.
+    let f = dir.join("params.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&f, bytes).unwrap();
+    match checkpoint::load(&dir, &c.trainable_parameters(), &mut oc) {
+        Err(e @ EngineError::Checksum { .. }) => assert!(e.to_string().contains("params.safetensors")),
+        other => panic!("corruption not detected: {:?}", other.err()),
+    }
+    // No temp directories are left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(&root).unwrap().filter_map(|e| e.ok()).filter(|e| e.file_name().to_string_lossy().contains("tmp")).collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn lora_export_loads_in_transformers_with_adapters_merged() {
+    let root = tmpdir("export");
+    let lora = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "down_proj".into()] };
+    let p = tiny_policy(Some(lora));
+    tch::no_grad(|| {
+        for (n, t) in p.parameters() {
+            if n.contains("lora_B") {
+                t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Float, t.device())) * 0.2));
+            }
+        }
+    });
+    let out = root.join("hf");
+    p.export_hf(&out, Kind::Float).unwrap();
+    let prompts = vec![vec![1u32, 5, 9, 13, 17], vec![1, 2, 3]];
+    run_reference(
+        &json!([{"kind": "logits", "model": out, "prompts": prompts, "max_new_tokens": 4, "eos": [2],
+                 "out": root.join("ref.safetensors")}]),
+        &root,
+    );
+    let r = read_all(&root.join("ref.safetensors")).unwrap();
+    let ours = knowrl_engine::generate::full_logits(&p.lm, &prompts);
+    let base_off = {
+        let s = tch::no_grad(|| {
+            let b = knowrl_engine::score::PackedBatch::new(&prompts, tch::Device::Cpu);
+            p.lm.logits(&p.lm.forward_hidden(&b.ids, &b.positions, &b.mask, None, Mode::REFERENCE))
+        });
+        s
+    };
+    for (i, pr) in prompts.iter().enumerate() {
+        let o = ours.get(i as i64).narrow(0, 0, pr.len() as i64);
+        let d = max_abs_diff(&o, &r[&format!("logits.{i}")]);
+        assert!(d < 1e-4, "merged export differs: {d}");
+        // And the adapters matter: the reference (adapters off) is different.
+        let off = base_off.get(i as i64).narrow(0, 0, pr.len() as i64);
+        assert!(max_abs_diff(&off, &r[&format!("logits.{i}")]) > 1e-3);
+    }
+    assert!(!out.with_extension(format!("tmp{}", std::process::id())).exists());
+}
