@@ -1,1 +1,64 @@
-fn main(){}
+//! `knowrl`: train and evaluate retrieval-augmented LLM agents with RL.
+//!
+//! Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input (a model directory,
+//! config or file that cannot be used; the message names it).
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod demo;
+mod generate;
+mod rss;
+
+#[derive(Parser)]
+#[command(
+    name = "knowrl",
+    version,
+    about = "Train and evaluate retrieval-augmented LLM agents with RL (Knowledgeable-R1, AKBE, BRIDGE; GRPO/DAPO/GSPO)"
+)]
+struct Cli {
+    /// Intra-op CPU threads for libtorch (default: all cores).
+    #[arg(long, global = true)]
+    threads: Option<i32>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate from a Hugging Face model directory (batched, KV-cached).
+    Generate(generate::Args),
+    /// The main job on the embedded default (currently: a generation smoke test on SmolLM2-135M).
+    Demo(demo::Args),
+    /// Benchmarks, side by side with the Python peer a user would otherwise pick.
+    #[command(subcommand)]
+    Bench(bench::Cmd),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        tch::set_num_threads(n);
+    }
+    let res = match cli.cmd {
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Bench(c) => bench::run(c),
+    };
+    if let Err(e) = res {
+        eprintln!("error: {e:#}");
+        let bad_input = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<knowrl_engine::EngineError>(),
+                Some(
+                    knowrl_engine::EngineError::Config { .. }
+                        | knowrl_engine::EngineError::Weights { .. }
+                        | knowrl_engine::EngineError::Safetensors { .. }
+                        | knowrl_engine::EngineError::Tokenizer { .. }
+                        | knowrl_engine::EngineError::Io { .. }
+                        | knowrl_engine::EngineError::Checksum { .. }
+                )
+            )
+        });
+        std::process::exit(if bad_input { 2 } else { 1 });
+    }
+}

@@ -77,7 +77,11 @@ pub fn read_json(path: &std::path::Path) -> Result<serde_json::Value> {
         EngineError::config(
             path,
             "<document>",
-            format!("invalid JSON at line {} column {}: {e}", e.line(), e.column()),
+            format!(
+                "invalid JSON at line {} column {}: {e}",
+                e.line(),
+                e.column()
+            ),
         )
     })
 }

@@ -30,8 +30,17 @@ pub struct Generation {
     pub stop: Option<String>,
 }
 
+/// Where a session's time went (seconds), for benchmarks and step-time breakdowns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DecodeStats {
+    pub forward_s: f64,
+    pub sample_s: f64,
+    pub forwards: usize,
+}
+
 pub struct DecodeSession<'a> {
     lm: &'a DecoderLm,
+    pub stats: DecodeStats,
     cache: KvCache,
     /// valid[r][j]: cache slot j of row r holds a real token (not padding).
     valid: Vec<Vec<bool>>,
@@ -48,6 +57,7 @@ impl<'a> DecodeSession<'a> {
     pub fn new(lm: &'a DecoderLm, batch: usize, pad_id: u32) -> Self {
         DecodeSession {
             lm,
+            stats: DecodeStats::default(),
             cache: KvCache::new(),
             valid: vec![vec![]; batch],
             n_real: vec![0; batch],
@@ -100,6 +110,7 @@ impl<'a> DecodeSession<'a> {
         if t == 0 {
             return;
         }
+        let t0 = std::time::Instant::now();
         let past = self.cache.len as usize;
         let keys = past + t;
         let mut ids = vec![self.pad_id as i64; b * t];
@@ -123,10 +134,19 @@ impl<'a> DecodeSession<'a> {
             }
         }
         let dev = self.lm.device();
-        let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
-        let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
-        let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, keys as i64]).to_device(dev);
-        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut self.cache), Mode::EVAL));
+        let ids = Tensor::from_slice(&ids)
+            .view([b as i64, t as i64])
+            .to_device(dev);
+        let pos = Tensor::from_slice(&pos)
+            .view([b as i64, t as i64])
+            .to_device(dev);
+        let mask = Tensor::from_slice(&mask)
+            .view([b as i64, 1, t as i64, keys as i64])
+            .to_device(dev);
+        let hidden = tch::no_grad(|| {
+            self.lm
+                .forward_hidden(&ids, &pos, &mask, Some(&mut self.cache), Mode::EVAL)
+        });
         let logits = tch::no_grad(|| self.lm.logits(&hidden.select(1, -1)));
         let fed: Vec<bool> = blocks.iter().map(|x| !x.is_empty()).collect();
         self.last_logits = Some(match self.last_logits.take() {
@@ -136,6 +156,8 @@ impl<'a> DecodeSession<'a> {
             }
             _ => logits,
         });
+        self.stats.forwards += 1;
+        self.stats.forward_s += t0.elapsed().as_secs_f64();
     }
 
     /// Generates for `rows` (each with its own params and generator) until eos, a stop string
@@ -150,10 +172,14 @@ impl<'a> DecodeSession<'a> {
         eos_ids: &[u32],
     ) -> Result<Vec<Generation>> {
         if params.len() != rows.len() || rngs.len() != rows.len() {
-            return Err(EngineError::Invalid("generate: rows, params and rngs differ in length".into()));
+            return Err(EngineError::Invalid(
+                "generate: rows, params and rngs differ in length".into(),
+            ));
         }
         if tokenizer.is_none() && params.iter().any(|p| !p.stop.is_empty()) {
-            return Err(EngineError::Invalid("generate: stop strings need a tokenizer".into()));
+            return Err(EngineError::Invalid(
+                "generate: stop strings need a tokenizer".into(),
+            ));
         }
         // Feed what an earlier generate left pending for these rows.
         if rows.iter().any(|&r| !self.pending[r].is_empty()) {
@@ -164,20 +190,35 @@ impl<'a> DecodeSession<'a> {
             self.feed(&blocks);
         }
         let Some(_) = self.last_logits else {
-            return Err(EngineError::Invalid("generate: append a prompt first".into()));
+            return Err(EngineError::Invalid(
+                "generate: append a prompt first".into(),
+            ));
         };
         let mut out: Vec<Generation> = rows
             .iter()
-            .map(|_| Generation { tokens: vec![], logprobs: vec![], finish: Finish::Length, stop: None })
+            .map(|_| Generation {
+                tokens: vec![],
+                logprobs: vec![],
+                finish: Finish::Length,
+                stop: None,
+            })
             .collect();
-        let mut active: Vec<usize> = (0..rows.len()).filter(|&i| params[i].max_new_tokens > 0).collect();
+        let mut active: Vec<usize> = (0..rows.len())
+            .filter(|&i| params[i].max_new_tokens > 0)
+            .collect();
         let vocab = self.lm.cfg.vocab_size as usize;
         while !active.is_empty() {
+            let t0 = std::time::Instant::now();
             let sel: Vec<i64> = active.iter().map(|&i| rows[i] as i64).collect();
             let dev = self.lm.device();
-            let logits = self.last_logits.as_ref().unwrap().index_select(0, &Tensor::from_slice(&sel).to_device(dev));
-            let host: Vec<f32> = Vec::try_from(logits.to_device(tch::Device::Cpu).contiguous().view(-1))
-                .map_err(EngineError::Torch)?;
+            let logits = self
+                .last_logits
+                .as_ref()
+                .unwrap()
+                .index_select(0, &Tensor::from_slice(&sel).to_device(dev));
+            let host: Vec<f32> =
+                Vec::try_from(logits.to_device(tch::Device::Cpu).contiguous().view(-1))
+                    .map_err(EngineError::Torch)?;
             let mut blocks = vec![vec![]; self.batch()];
             let mut still = vec![];
             for (a, &i) in active.iter().enumerate() {
@@ -203,6 +244,7 @@ impl<'a> DecodeSession<'a> {
                 }
             }
             active = still;
+            self.stats.sample_s += t0.elapsed().as_secs_f64();
             if !active.is_empty() {
                 self.feed(&blocks);
             }
@@ -214,7 +256,9 @@ impl<'a> DecodeSession<'a> {
 /// The first stop string found in the decoded tail of `tokens` (only the last few tokens are
 /// decoded: a stop string is detected on the token that completes it).
 fn hit_stop(tok: Option<&Tokenizer>, tokens: &[u32], stops: &[String]) -> Result<Option<String>> {
-    let Some(tok) = tok.filter(|_| !stops.is_empty()) else { return Ok(None) };
+    let Some(tok) = tok.filter(|_| !stops.is_empty()) else {
+        return Ok(None);
+    };
     let longest = stops.iter().map(|s| s.len()).max().unwrap_or(0);
     let tail = &tokens[tokens.len().saturating_sub(longest + 2)..];
     let text = tok.decode(tail, false)?;
@@ -249,6 +293,8 @@ pub fn generate(
 /// tests to check the cache, and by scoring).
 pub fn full_logits(lm: &DecoderLm, seqs: &[Vec<u32>]) -> Tensor {
     let batch = crate::score::PackedBatch::new(seqs, lm.device());
-    let h = tch::no_grad(|| lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, Mode::EVAL));
+    let h = tch::no_grad(|| {
+        lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, Mode::EVAL)
+    });
     lm.logits(&h).to_kind(Kind::Float)
 }

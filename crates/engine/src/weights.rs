@@ -40,7 +40,13 @@ fn kind_of(file: &Path, name: &str, d: Dtype) -> Result<Kind> {
         Dtype::I32 => Kind::Int,
         Dtype::U8 => Kind::Uint8,
         Dtype::BOOL => Kind::Bool,
-        other => return Err(EngineError::weights(file, name, format!("unsupported dtype {other:?}"))),
+        other => {
+            return Err(EngineError::weights(
+                file,
+                name,
+                format!("unsupported dtype {other:?}"),
+            ))
+        }
     })
 }
 
@@ -69,8 +75,10 @@ pub fn for_each_header(file: &Path, mut f: impl FnMut(&str)) -> Result<()> {
     let fd = std::fs::File::open(file).map_err(|e| EngineError::io(file, e))?;
     // SAFETY: read-only map, dropped before returning.
     let mmap = unsafe { memmap2::Mmap::map(&fd) }.map_err(|e| EngineError::io(file, e))?;
-    let (_, meta) = SafeTensors::read_metadata(&mmap)
-        .map_err(|e| EngineError::Safetensors { file: file.to_path_buf(), msg: e.to_string() })?;
+    let (_, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| EngineError::Safetensors {
+        file: file.to_path_buf(),
+        msg: e.to_string(),
+    })?;
     for name in meta.tensors().keys() {
         f(name);
     }
@@ -113,7 +121,11 @@ pub fn load_into(
                 return Err(EngineError::weights(
                     file,
                     name,
-                    format!("shape mismatch: checkpoint has {:?}, config.json implies {:?}", t.size(), p.size()),
+                    format!(
+                        "shape mismatch: checkpoint has {:?}, config.json implies {:?}",
+                        t.size(),
+                        p.size()
+                    ),
                 ));
             }
             tch::no_grad(|| p.shallow_clone().f_copy_(&t.to_kind(p.kind())))?;
@@ -121,14 +133,20 @@ pub fn load_into(
             Ok(())
         })?;
     }
-    let mut missing: Vec<&String> = params.keys().filter(|k| !seen.contains(*k) && !optional(k)).collect();
+    let mut missing: Vec<&String> = params
+        .keys()
+        .filter(|k| !seen.contains(*k) && !optional(k))
+        .collect();
     missing.sort();
     if let Some(first) = missing.first() {
         let where_ = files.first().cloned().unwrap_or_default();
         return Err(EngineError::weights(
             where_,
             first,
-            format!("missing from the checkpoint ({} parameter(s) missing in all)", missing.len()),
+            format!(
+                "missing from the checkpoint ({} parameter(s) missing in all)",
+                missing.len()
+            ),
         ));
     }
     Ok(())
@@ -138,8 +156,15 @@ pub fn load_into(
 /// fsync, then rename, so a crash never leaves a half-written file under the final name.
 pub fn write_atomic(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let cpu: Vec<(String, Tensor)> =
-        tensors.iter().map(|(n, t)| (n.clone(), t.detach().to_device(tch::Device::Cpu).contiguous())).collect();
+    let cpu: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.detach().to_device(tch::Device::Cpu).contiguous(),
+            )
+        })
+        .collect();
     Tensor::write_safetensors(&cpu, &tmp)?;
     crate::fsutil::commit(&tmp, path)
 }

@@ -5,23 +5,34 @@
 use std::path::{Path, PathBuf};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 pub fn python() -> PathBuf {
-    std::env::var_os("KNOWRL_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+    std::env::var_os("KNOWRL_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
 }
 
 pub fn models_dir() -> PathBuf {
     std::env::var_os("KNOWRL_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/knowrl/models"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/knowrl/models")
+        })
 }
 
 /// A real model directory; panics with the command to run when it is missing.
 pub fn real_model(name: &str) -> PathBuf {
     let d = models_dir().join(name);
-    assert!(d.join("config.json").exists(), "{} is missing: run `make models` (scripts/fetch-real-models)", d.display());
+    assert!(
+        d.join("config.json").exists(),
+        "{} is missing: run `make models` (scripts/fetch-real-models)",
+        d.display()
+    );
     d
 }
 
@@ -43,9 +54,16 @@ pub fn run_reference(jobs: &serde_json::Value, dir: &Path) {
         .env("TRANSFORMERS_OFFLINE", "1")
         .output()
         .expect("cannot start the reference Python (run `make setup`)");
-    assert!(out.status.success(), "reference failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "reference failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
-    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double)).abs().max().double_value(&[])
+    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
 }

@@ -1,3 +1,5 @@
+// Shared build script of every crate that links a binary or test against libtorch
+// (cargo:rustc-link-arg applies only to the package that emits it, not to dependents).
 // Link libtorch even when no symbol from libtorch.so (the umbrella lib) is referenced directly,
 // so the CUDA backend registers itself at load time (tch-rs #980, #907), and record an rpath to
 // the venv's torch/lib so binaries run without LD_LIBRARY_PATH.
@@ -17,8 +19,13 @@ fn torch_lib_dir() -> Option<String> {
         return Some(format!("{lib}/lib"));
     }
     let out = std::process::Command::new("python3")
-        .args(["-c", "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+        .args([
+            "-c",
+            "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
+        ])
         .output()
         .ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
