@@ -19,13 +19,8 @@ fn torch_lib_dir() -> Option<String> {
         return Some(format!("{lib}/lib"));
     }
     let out = std::process::Command::new("python3")
-        .args([
-            "-c",
-            "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
-        ])
+        .args(["-c", "import torch, os; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
         .output()
         .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

@@ -17,6 +17,8 @@ use tch::Kind;
 pub enum Cmd {
     /// Engine: batched generation (f32, bf16) vs transformers; training step vs PyTorch.
     Engine(EngineArgs),
+    /// Retrieval: BM25 vs bm25s, exact dense search vs faiss, encoding vs sentence-transformers.
+    Retrieval(crate::bench_retrieval::RetrievalArgs),
     /// One measurement in this process (used by `bench engine`; prints JSON).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -64,6 +66,7 @@ const TRAIN_LEN: usize = 256;
 pub fn run(c: Cmd) -> Result<()> {
     match c {
         Cmd::Engine(a) => engine(a),
+        Cmd::Retrieval(a) => crate::bench_retrieval::run(a),
         Cmd::Worker(a) => {
             let r = worker(&a)?;
             println!("{r}");
@@ -102,24 +105,14 @@ fn write_inputs(model: &Path, path: &Path) -> Result<()> {
     let gen: Vec<Vec<u32>> = topics
         .iter()
         .map(|t| {
-            tok.encode(
-                &tok.apply_chat_template(
-                    &[Message::new("user", &format!("Tell me about {t}."))],
-                    true,
-                )?,
-                false,
-            )
+            tok.encode(&tok.apply_chat_template(&[Message::new("user", &format!("Tell me about {t}."))], true)?, false)
         })
         .collect::<Result<_, _>>()?;
     let mut rng = Rng::new(1234);
     let vocab = tok.vocab_size();
-    let train: Vec<Vec<u32>> = (0..TRAIN_BATCH)
-        .map(|_| (0..TRAIN_LEN).map(|_| rng.below(vocab) as u32).collect())
-        .collect();
-    std::fs::write(
-        path,
-        json!({"generate": gen, "max_new_tokens": GEN_TOKENS, "train": train}).to_string(),
-    )?;
+    let train: Vec<Vec<u32>> =
+        (0..TRAIN_BATCH).map(|_| (0..TRAIN_LEN).map(|_| rng.below(vocab) as u32).collect()).collect();
+    std::fs::write(path, json!({"generate": gen, "max_new_tokens": GEN_TOKENS, "train": train}).to_string())?;
     Ok(())
 }
 
@@ -129,32 +122,15 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
     }
     let inputs: Value = serde_json::from_str(&std::fs::read_to_string(&a.inputs)?)?;
     let ids = |k: &str| -> Vec<Vec<u32>> { serde_json::from_value(inputs[k].clone()).unwrap() };
-    let dtype = if a.task.ends_with("bf16") {
-        Kind::BFloat16
-    } else {
-        Kind::Float
-    };
-    let policy = Policy::load(
-        &a.model,
-        &LoadOptions {
-            dtype,
-            ..Default::default()
-        },
-    )?;
+    let dtype = if a.task.ends_with("bf16") { Kind::BFloat16 } else { Kind::Float };
+    let policy = Policy::load(&a.model, &LoadOptions { dtype, ..Default::default() })?;
     let mut secs = vec![];
     let mut breakdown = Value::Null;
     let (unit, count) = if a.task.starts_with("generate") {
         let prompts = ids("generate");
-        let params = SamplingParams {
-            temperature: 1.0,
-            max_new_tokens: GEN_TOKENS,
-            ..Default::default()
-        };
+        let params = SamplingParams { temperature: 1.0, max_new_tokens: GEN_TOKENS, ..Default::default() };
         let seeds: Vec<u64> = (0..prompts.len() as u64).collect();
-        let warm = SamplingParams {
-            max_new_tokens: 4,
-            ..params.clone()
-        };
+        let warm = SamplingParams { max_new_tokens: 4, ..params.clone() };
         generate(&policy.lm, None, &prompts, &warm, &seeds, &[], 0)?;
         for _ in 0..a.repeats {
             let t0 = Instant::now();
@@ -163,15 +139,10 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
             s.append(&prompts)?;
             let rows: Vec<usize> = (0..prompts.len()).collect();
             let mut rngs: Vec<Rng> = seeds.iter().map(|&x| Rng::new(x)).collect();
-            let g = s.generate(
-                &rows,
-                &vec![params.clone(); rows.len()],
-                &mut rngs,
-                None,
-                &[],
-            )?;
+            let g = s.generate(&rows, &vec![params.clone(); rows.len()], &mut rngs, None, &[])?;
             secs.push(t0.elapsed().as_secs_f64());
-            breakdown = json!({"forward_s": s.stats.forward_s, "sample_s": s.stats.sample_s, "forwards": s.stats.forwards});
+            breakdown =
+                json!({"forward_s": s.stats.forward_s, "sample_s": s.stats.sample_s, "forwards": s.stats.forwards});
             assert!(g.iter().all(|g| g.tokens.len() == GEN_TOKENS));
         }
         ("tokens", (prompts.len() * GEN_TOKENS) as f64)
@@ -180,14 +151,8 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
         let mut opt = AdamW::new(policy.trainable_parameters(), AdamWConfig::default());
         for i in 0..=a.repeats {
             let t0 = Instant::now();
-            let reqs: Vec<ScoreRequest> = seqs
-                .iter()
-                .map(|s| ScoreRequest {
-                    prompt: &s[..1],
-                    response: &s[1..],
-                    loss_mask: None,
-                })
-                .collect();
+            let reqs: Vec<ScoreRequest> =
+                seqs.iter().map(|s| ScoreRequest { prompt: &s[..1], response: &s[1..], loss_mask: None }).collect();
             let s = score(&policy.lm, &reqs, 1.0, Mode::TRAIN);
             let loss = -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float);
             opt.zero_grad();
@@ -201,10 +166,8 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
         ("tokens", (seqs.len() * TRAIN_LEN) as f64)
     };
     let med = median(secs.clone());
-    Ok(
-        json!({"task": a.task, "seconds": secs, "median_seconds": med, unit: count,
-              "tokens_per_s": count / med, "peak_rss_mb": crate::rss::peak_rss_mb(), "last_run_breakdown": breakdown, "threads": tch::get_num_threads()}),
-    )
+    Ok(json!({"task": a.task, "seconds": secs, "median_seconds": med, unit: count,
+              "tokens_per_s": count / med, "peak_rss_mb": crate::rss::peak_rss_mb(), "last_run_breakdown": breakdown, "threads": tch::get_num_threads()}))
 }
 
 fn run_json(cmd: &mut std::process::Command, what: &str) -> Result<Value> {
@@ -226,31 +189,19 @@ fn machine() -> Value {
                 .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
         })
         .unwrap_or_default();
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     json!({"cpu": cpu, "logical_cores": cores, "os": std::env::consts::OS, "libtorch": "2.11.0 (PyPI torch wheel)"})
 }
 
 fn engine(a: EngineArgs) -> Result<()> {
-    let model = a
-        .model
-        .unwrap_or_else(|| crate::demo::models_dir().join("smollm2-135m-instruct"));
-    anyhow::ensure!(
-        model.join("config.json").exists(),
-        "{} not found: run `make models`",
-        model.display()
-    );
+    let model = a.model.unwrap_or_else(|| crate::demo::models_dir().join("smollm2-135m-instruct"));
+    anyhow::ensure!(model.join("config.json").exists(), "{} not found: run `make models`", model.display());
     let python = a
         .python
         .or_else(|| std::env::var_os("KNOWRL_PYTHON").map(PathBuf::from))
         .unwrap_or_else(|| ".venv/bin/python".into());
     let peer_script = PathBuf::from("bench/peers/engine_peer.py");
-    anyhow::ensure!(
-        peer_script.exists(),
-        "run from the repository root ({} not found)",
-        peer_script.display()
-    );
+    anyhow::ensure!(peer_script.exists(), "run from the repository root ({} not found)", peer_script.display());
     let tmp = std::env::temp_dir().join(format!("knowrl-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let inputs = tmp.join("inputs.json");
@@ -266,14 +217,7 @@ fn engine(a: EngineArgs) -> Result<()> {
             bar.set_message(format!("{task}: knowrl, round {}", round + 1));
             ours.push(run_json(
                 std::process::Command::new(&exe)
-                    .args([
-                        "--threads",
-                        &a.bench_threads.to_string(),
-                        "bench",
-                        "worker",
-                        "--task",
-                        task,
-                    ])
+                    .args(["--threads", &a.bench_threads.to_string(), "bench", "worker", "--task", task])
                     .arg("--model")
                     .arg(&model)
                     .arg("--inputs")
@@ -304,22 +248,13 @@ fn engine(a: EngineArgs) -> Result<()> {
             bar.inc(1);
         }
         let summary = |runs: &[Value]| {
-            let tps: Vec<f64> = runs
-                .iter()
-                .map(|r| r["tokens_per_s"].as_f64().unwrap())
-                .collect();
-            let rss = runs
-                .iter()
-                .map(|r| r["peak_rss_mb"].as_f64().unwrap())
-                .fold(0.0, f64::max);
+            let tps: Vec<f64> = runs.iter().map(|r| r["tokens_per_s"].as_f64().unwrap()).collect();
+            let rss = runs.iter().map(|r| r["peak_rss_mb"].as_f64().unwrap()).fold(0.0, f64::max);
             json!({"tokens_per_s": median(tps.clone()), "tokens_per_s_rounds": tps, "peak_rss_mb": rss, "runs": runs})
         };
         let (o, p) = (summary(&ours), summary(&peer));
         let ratio = o["tokens_per_s"].as_f64().unwrap() / p["tokens_per_s"].as_f64().unwrap();
-        results.insert(
-            task.into(),
-            json!({"knowrl": o, "peer": p, "speedup": ratio}),
-        );
+        results.insert(task.into(), json!({"knowrl": o, "peer": p, "speedup": ratio}));
     }
     bar.finish_and_clear();
     let g = results["generate-f32"]["speedup"].as_f64().unwrap();
@@ -341,9 +276,7 @@ fn engine(a: EngineArgs) -> Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&a.out, serde_json::to_string_pretty(&report)?)?;
-    println!(
-        "| task | knowrl tok/s | peer tok/s | ratio | knowrl peak RSS MB | peer peak RSS MB |"
-    );
+    println!("| task | knowrl tok/s | peer tok/s | ratio | knowrl peak RSS MB | peer peak RSS MB |");
     println!("|---|---|---|---|---|---|");
     for task in TASKS {
         let r = &report["tasks"][task];

@@ -11,27 +11,19 @@ pub struct Args {
 }
 
 pub fn models_dir() -> PathBuf {
-    std::env::var_os("KNOWRL_MODELS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into()))
-                .join(".cache/knowrl/models")
-        })
+    std::env::var_os("KNOWRL_MODELS").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/knowrl/models")
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = a
-        .model
-        .unwrap_or_else(|| models_dir().join("smollm2-135m-instruct"));
+    let model = a.model.unwrap_or_else(|| models_dir().join("smollm2-135m-instruct"));
     anyhow::ensure!(
         model.join("config.json").exists(),
         "{} not found: run `make models` first (scripts/fetch-real-models)",
         model.display()
     );
-    println!(
-        "knowrl demo: batched greedy generation with {}",
-        model.display()
-    );
+    println!("knowrl demo: batched greedy generation with {}", model.display());
     let questions = [
         "What is the capital of France?",
         "What is the largest planet in the solar system?",

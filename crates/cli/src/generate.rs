@@ -44,13 +44,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let opts = LoadOptions {
-        device: parse_device(&a.device)?,
-        dtype: parse_dtype(&a.dtype)?,
-        lora: None,
-    };
-    let policy =
-        Policy::load(&a.model, &opts).with_context(|| format!("loading {}", a.model.display()))?;
+    let opts = LoadOptions { device: parse_device(&a.device)?, dtype: parse_dtype(&a.dtype)?, lora: None };
+    let policy = Policy::load(&a.model, &opts).with_context(|| format!("loading {}", a.model.display()))?;
     let tok = policy.tokenizer()?;
     let mut prompts = vec![];
     for c in &a.chat {
@@ -74,15 +69,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let seeds: Vec<u64> = (0..prompts.len() as u64).map(|i| a.seed + i).collect();
     let t0 = std::time::Instant::now();
-    let gens = generate(
-        &policy.lm,
-        Some(tok),
-        &prompts,
-        &params,
-        &seeds,
-        &tok.eos_ids,
-        tok.pad_id,
-    )?;
+    let gens = generate(&policy.lm, Some(tok), &prompts, &params, &seeds, &tok.eos_ids, tok.pad_id)?;
     let secs = t0.elapsed().as_secs_f64();
     let n: usize = gens.iter().map(|g| g.tokens.len()).sum();
     for g in &gens {

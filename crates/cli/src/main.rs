@@ -5,8 +5,10 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_retrieval;
 mod demo;
 mod generate;
+mod retrieval;
 mod rss;
 
 #[derive(Parser)]
@@ -32,6 +34,17 @@ enum Cmd {
     /// Benchmarks, side by side with the Python peer a user would otherwise pick.
     #[command(subcommand)]
     Bench(bench::Cmd),
+    /// Build retrieval indexes.
+    #[command(subcommand)]
+    Index(retrieval::IndexCmd),
+    /// Query an index from the command line.
+    Search(retrieval::SearchArgs),
+    /// Run services.
+    #[command(subcommand)]
+    Serve(retrieval::ServeCmd),
+    /// Corpus conversions.
+    #[command(subcommand)]
+    Corpus(retrieval::CorpusCmd),
 }
 
 fn main() {
@@ -43,6 +56,10 @@ fn main() {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(c) => bench::run(c),
+        Cmd::Index(retrieval::IndexCmd::Build(a)) => retrieval::build(a),
+        Cmd::Search(a) => retrieval::search(a),
+        Cmd::Serve(c) => retrieval::serve_cmd(c),
+        Cmd::Corpus(c) => retrieval::corpus(c),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
@@ -56,6 +73,14 @@ fn main() {
                         | knowrl_engine::EngineError::Tokenizer { .. }
                         | knowrl_engine::EngineError::Io { .. }
                         | knowrl_engine::EngineError::Checksum { .. }
+                )
+            ) || matches!(
+                c.downcast_ref::<knowrl_retrieval::RetrievalError>(),
+                Some(
+                    knowrl_retrieval::RetrievalError::BadLine { .. }
+                        | knowrl_retrieval::RetrievalError::Io { .. }
+                        | knowrl_retrieval::RetrievalError::Index { .. }
+                        | knowrl_retrieval::RetrievalError::Engine(_)
                 )
             )
         });

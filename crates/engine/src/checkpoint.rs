@@ -19,13 +19,7 @@ pub fn step_dir(root: &Path, step: u64) -> PathBuf {
 }
 
 /// Saves a checkpoint for `step`; returns its directory.
-pub fn save(
-    root: &Path,
-    step: u64,
-    params: &[(String, Tensor)],
-    opt: &AdamW,
-    state: &Value,
-) -> Result<PathBuf> {
+pub fn save(root: &Path, step: u64, params: &[(String, Tensor)], opt: &AdamW, state: &Value) -> Result<PathBuf> {
     std::fs::create_dir_all(root).map_err(|e| EngineError::io(root, e))?;
     let tmp = root.join(format!(".tmp-step-{step:08}"));
     if tmp.exists() {
@@ -35,20 +29,12 @@ pub fn save(
     weights::write_atomic(&tmp.join(FILES[0]), params)?;
     weights::write_atomic(&tmp.join(FILES[1]), &opt.state_tensors())?;
     let full = json!({ "step": step, "optimizer_steps": opt.steps, "trainer": state });
-    write_atomic(
-        &tmp.join(FILES[2]),
-        serde_json::to_string_pretty(&full).unwrap().as_bytes(),
-    )?;
+    write_atomic(&tmp.join(FILES[2]), serde_json::to_string_pretty(&full).unwrap().as_bytes())?;
     let mut sums = serde_json::Map::new();
     for f in FILES {
         sums.insert(f.into(), sha256_file(&tmp.join(f))?.into());
     }
-    write_atomic(
-        &tmp.join("manifest.json"),
-        serde_json::to_string_pretty(&Value::Object(sums))
-            .unwrap()
-            .as_bytes(),
-    )?;
+    write_atomic(&tmp.join("manifest.json"), serde_json::to_string_pretty(&Value::Object(sums)).unwrap().as_bytes())?;
     let dst = step_dir(root, step);
     if dst.exists() {
         std::fs::remove_dir_all(&dst).map_err(|e| EngineError::io(&dst, e))?;
@@ -81,23 +67,14 @@ pub fn load(dir: &Path, params: &[(String, Tensor)], opt: &mut AdamW) -> Result<
             .ok_or_else(|| EngineError::config(dir.join("manifest.json"), f, "missing checksum"))?;
         let actual = sha256_file(&path)?;
         if actual != expected {
-            return Err(EngineError::Checksum {
-                file: path,
-                expected: expected.into(),
-                actual,
-            });
+            return Err(EngineError::Checksum { file: path, expected: expected.into(), actual });
         }
     }
-    let named: std::collections::HashMap<String, Tensor> = params
-        .iter()
-        .map(|(n, t)| (n.clone(), t.shallow_clone()))
-        .collect();
+    let named: std::collections::HashMap<String, Tensor> =
+        params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
     weights::load_into(&[dir.join(FILES[0])], &named, |_| false, |_| false)?;
     let state = read_json(&dir.join(FILES[2]))?;
-    let steps = state
-        .get("optimizer_steps")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
+    let steps = state.get("optimizer_steps").and_then(Value::as_u64).unwrap_or(0);
     opt.load_state_tensors(weights::read_all(&dir.join(FILES[1]))?, steps)?;
     let step = state
         .get("step")

@@ -76,32 +76,31 @@ impl Fields<'_> {
         self.get(k).map_or(Ok(d), |x| self.as_int(k, x))
     }
     fn as_int(&self, k: &str, x: &Value) -> Result<i64> {
-        x.as_i64().ok_or_else(|| {
-            EngineError::config(&self.file, k, format!("expected an integer, found {x}"))
-        })
+        x.as_i64().ok_or_else(|| EngineError::config(&self.file, k, format!("expected an integer, found {x}")))
     }
     pub fn float_or(&self, k: &str, d: f64) -> Result<f64> {
         match self.get(k) {
             None => Ok(d),
-            Some(x) => x.as_f64().ok_or_else(|| {
-                EngineError::config(&self.file, k, format!("expected a number, found {x}"))
-            }),
+            Some(x) => {
+                x.as_f64().ok_or_else(|| EngineError::config(&self.file, k, format!("expected a number, found {x}")))
+            }
         }
     }
     pub fn bool_or(&self, k: &str, d: bool) -> Result<bool> {
         match self.get(k) {
             None => Ok(d),
-            Some(x) => x.as_bool().ok_or_else(|| {
-                EngineError::config(&self.file, k, format!("expected true/false, found {x}"))
-            }),
+            Some(x) => {
+                x.as_bool().ok_or_else(|| EngineError::config(&self.file, k, format!("expected true/false, found {x}")))
+            }
         }
     }
     pub fn str_or(&self, k: &str, d: &str) -> Result<String> {
         match self.get(k) {
             None => Ok(d.to_string()),
-            Some(x) => x.as_str().map(str::to_string).ok_or_else(|| {
-                EngineError::config(&self.file, k, format!("expected a string, found {x}"))
-            }),
+            Some(x) => x
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| EngineError::config(&self.file, k, format!("expected a string, found {x}"))),
         }
     }
     /// `eos_token_id` is an int or a list of ints.
@@ -124,10 +123,7 @@ impl DecoderConfig {
     }
 
     pub fn from_value(file: &Path, v: Value) -> Result<Self> {
-        let f = Fields {
-            file: file.to_path_buf(),
-            v: &v,
-        };
+        let f = Fields { file: file.to_path_buf(), v: &v };
         let model_type = f.str_or("model_type", "")?;
         let family = match model_type.as_str() {
             "llama" | "mistral" => Family::Llama,
@@ -154,14 +150,11 @@ impl DecoderConfig {
         }
         let head_dim = f.int_or("head_dim", hidden_size / num_heads)?;
         // transformers 5 moved rope_theta/rope_scaling into `rope_parameters`.
-        let rope = f
-            .get("rope_parameters")
-            .or_else(|| f.get("rope_scaling"))
-            .cloned();
+        let rope = f.get("rope_parameters").or_else(|| f.get("rope_scaling")).cloned();
         let rope_theta = match rope.as_ref().and_then(|r| r.get("rope_theta")) {
-            Some(t) => t.as_f64().ok_or_else(|| {
-                EngineError::config(file, "rope_parameters.rope_theta", "expected a number")
-            })?,
+            Some(t) => t
+                .as_f64()
+                .ok_or_else(|| EngineError::config(file, "rope_parameters.rope_theta", "expected a number"))?,
             None => f.float_or("rope_theta", 10000.0)?,
         };
         let rope_scaling = parse_rope_scaling(file, rope.as_ref())?;
@@ -200,19 +193,11 @@ impl DecoderConfig {
             ("head_dim", cfg.head_dim),
         ] {
             if x <= 0 {
-                return Err(EngineError::config(
-                    file,
-                    name,
-                    format!("must be positive, found {x}"),
-                ));
+                return Err(EngineError::config(file, name, format!("must be positive, found {x}")));
             }
         }
         if cfg.head_dim % 2 != 0 {
-            return Err(EngineError::config(
-                file,
-                "head_dim",
-                "must be even for RoPE",
-            ));
+            return Err(EngineError::config(file, "head_dim", "must be even for RoPE"));
         }
         Ok(cfg)
     }
@@ -222,25 +207,19 @@ fn parse_rope_scaling(file: &Path, rope: Option<&Value>) -> Result<RopeScaling> 
     let Some(r) = rope else {
         return Ok(RopeScaling::None);
     };
-    let f = Fields {
-        file: file.to_path_buf(),
-        v: r,
-    };
+    let f = Fields { file: file.to_path_buf(), v: r };
     let kind = match f.get("rope_type").or_else(|| f.get("type")) {
         Some(Value::String(s)) => s.clone(),
         _ => "default".into(),
     };
     Ok(match kind.as_str() {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear {
-            factor: f.float_or("factor", 1.0)?,
-        },
+        "linear" => RopeScaling::Linear { factor: f.float_or("factor", 1.0)? },
         "llama3" => RopeScaling::Llama3 {
             factor: f.float_or("factor", 8.0)?,
             low_freq_factor: f.float_or("low_freq_factor", 1.0)?,
             high_freq_factor: f.float_or("high_freq_factor", 4.0)?,
-            original_max_position_embeddings: f.int_or("original_max_position_embeddings", 8192)?
-                as f64,
+            original_max_position_embeddings: f.int_or("original_max_position_embeddings", 8192)? as f64,
         },
         other => {
             return Err(EngineError::config(
@@ -270,27 +249,18 @@ impl BertConfig {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let file = dir.join("config.json");
         let v = read_json(&file)?;
-        let f = Fields {
-            file: file.clone(),
-            v: &v,
-        };
+        let f = Fields { file: file.clone(), v: &v };
         let model_type = f.str_or("model_type", "bert")?;
         if !matches!(model_type.as_str(), "bert") {
             return Err(EngineError::config(
                 &file,
                 "model_type",
-                format!(
-                    "unsupported encoder architecture `{model_type}`; supported: bert (BertModel)"
-                ),
+                format!("unsupported encoder architecture `{model_type}`; supported: bert (BertModel)"),
             ));
         }
         let act = f.str_or("hidden_act", "gelu")?;
         if act != "gelu" {
-            return Err(EngineError::config(
-                &file,
-                "hidden_act",
-                format!("unsupported activation `{act}` (gelu)"),
-            ));
+            return Err(EngineError::config(&file, "hidden_act", format!("unsupported activation `{act}` (gelu)")));
         }
         let cfg = BertConfig {
             vocab_size: f.int("vocab_size")?,
@@ -304,11 +274,7 @@ impl BertConfig {
             raw: v.clone(),
         };
         if cfg.hidden_size % cfg.num_heads != 0 {
-            return Err(EngineError::config(
-                &file,
-                "num_attention_heads",
-                "must divide hidden_size",
-            ));
+            return Err(EngineError::config(&file, "num_attention_heads", "must divide hidden_size"));
         }
         Ok(cfg)
     }

@@ -8,23 +8,16 @@ pub fn parse_device(s: &str) -> Result<Device> {
         "cpu" => Ok(Device::Cpu),
         "auto" => Ok(Device::cuda_if_available()),
         "cuda" => cuda(0),
-        _ => match s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse::<usize>().ok())
-        {
+        _ => match s.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()) {
             Some(n) => cuda(n),
-            None => Err(EngineError::Invalid(format!(
-                "unknown device `{s}` (cpu, cuda, cuda:N, auto)"
-            ))),
+            None => Err(EngineError::Invalid(format!("unknown device `{s}` (cpu, cuda, cuda:N, auto)"))),
         },
     }
 }
 
 fn cuda(n: usize) -> Result<Device> {
     if !tch::Cuda::is_available() {
-        return Err(EngineError::Invalid(format!(
-            "device cuda:{n} requested but libtorch sees no CUDA device"
-        )));
+        return Err(EngineError::Invalid(format!("device cuda:{n} requested but libtorch sees no CUDA device")));
     }
     if n as i64 >= tch::Cuda::device_count() {
         return Err(EngineError::Invalid(format!(
@@ -41,9 +34,7 @@ pub fn parse_dtype(s: &str) -> Result<Kind> {
         "f32" | "float32" | "float" => Ok(Kind::Float),
         "bf16" | "bfloat16" => Ok(Kind::BFloat16),
         "f16" | "float16" | "half" => Ok(Kind::Half),
-        _ => Err(EngineError::Invalid(format!(
-            "unknown dtype `{s}` (f32, bf16, f16)"
-        ))),
+        _ => Err(EngineError::Invalid(format!("unknown dtype `{s}` (f32, bf16, f16)"))),
     }
 }
 

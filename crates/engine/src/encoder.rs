@@ -36,35 +36,24 @@ impl Encoder {
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Encoder> {
         let cfg = BertConfig::from_dir(dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
-        let (vs, bert) = build(opts, |root| {
-            Bert::new(root, &cfg, opts.lora.as_ref(), false)
-        });
+        let (vs, bert) = build(opts, |root| Bert::new(root, &cfg, opts.lora.as_ref(), false));
         let files = weights::weight_files(dir)?;
         // Checkpoints saved from BertForX carry a `bert.` prefix; strip it by aliasing.
         let mut named = vs.variables();
         let prefixed = has_prefix(&files[0], "bert.")?;
         if prefixed {
-            named = named
-                .into_iter()
-                .map(|(k, v)| (format!("bert.{k}"), v))
-                .collect();
+            named = named.into_iter().map(|(k, v)| (format!("bert.{k}"), v)).collect();
         }
         weights::load_into(&files, &named, is_lora_param, |n| {
             n.contains("pooler.") || n.ends_with("position_ids") || n.starts_with("cls.")
         })?;
         let pooling = match read_opt(&dir.join("1_Pooling/config.json"))? {
-            Some(p) if p.get("pooling_mode_cls_token").and_then(Value::as_bool) == Some(true) => {
-                Pooling::Cls
-            }
+            Some(p) if p.get("pooling_mode_cls_token").and_then(Value::as_bool) == Some(true) => Pooling::Cls,
             _ => Pooling::Mean,
         };
         let normalize = match read_opt(&dir.join("modules.json"))? {
             Some(m) => m.as_array().is_some_and(|a| {
-                a.iter().any(|x| {
-                    x.get("type")
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| t.ends_with("Normalize"))
-                })
+                a.iter().any(|x| x.get("type").and_then(Value::as_str).is_some_and(|t| t.ends_with("Normalize")))
             }),
             None => true,
         };
@@ -114,10 +103,7 @@ impl Encoder {
         }
         let dev = self.vs.device();
         let shape = [rows.len() as i64, l as i64];
-        Ok((
-            Tensor::from_slice(&ids).view(shape).to_device(dev),
-            Tensor::from_slice(&mask).view(shape).to_device(dev),
-        ))
+        Ok((Tensor::from_slice(&ids).view(shape).to_device(dev), Tensor::from_slice(&mask).view(shape).to_device(dev)))
     }
 
     /// Embeddings [N, D] (float32). Differentiable in `Mode::TRAIN` (query-side LoRA training).
@@ -144,20 +130,14 @@ impl Encoder {
     }
 
     pub fn embed_queries(&self, queries: &[&str], mode: Mode) -> Result<Tensor> {
-        let t: Vec<String> = queries
-            .iter()
-            .map(|q| format!("{}{q}", self.query_prefix))
-            .collect();
+        let t: Vec<String> = queries.iter().map(|q| format!("{}{q}", self.query_prefix)).collect();
         self.embed(&t, mode)
     }
 
     /// Passages are always encoded without adapters: the index is built once from the frozen
     /// encoder (BRIDGE adapts only the query tower).
     pub fn embed_passages(&self, passages: &[&str]) -> Result<Tensor> {
-        let t: Vec<String> = passages
-            .iter()
-            .map(|p| format!("{}{p}", self.passage_prefix))
-            .collect();
+        let t: Vec<String> = passages.iter().map(|p| format!("{}{p}", self.passage_prefix)).collect();
         tch::no_grad(|| self.embed(&t, Mode::REFERENCE))
     }
 }

@@ -11,17 +11,9 @@ pub enum EngineError {
         source: std::io::Error,
     },
     #[error("{file}: field `{field}`: {msg}")]
-    Config {
-        file: PathBuf,
-        field: String,
-        msg: String,
-    },
+    Config { file: PathBuf, field: String, msg: String },
     #[error("{file}: tensor `{tensor}`: {msg}")]
-    Weights {
-        file: PathBuf,
-        tensor: String,
-        msg: String,
-    },
+    Weights { file: PathBuf, tensor: String, msg: String },
     #[error("{file}: not a valid safetensors file: {msg}")]
     Safetensors { file: PathBuf, msg: String },
     #[error("{file}: tokenizer: {msg}")]
@@ -29,11 +21,7 @@ pub enum EngineError {
     #[error("chat template: {0}")]
     Template(String),
     #[error("{file}: checksum mismatch (expected sha256 {expected}, found {actual}); the file is corrupt or was changed after it was written")]
-    Checksum {
-        file: PathBuf,
-        expected: String,
-        actual: String,
-    },
+    Checksum { file: PathBuf, expected: String, actual: String },
     #[error("{0}")]
     Invalid(String),
     #[error("libtorch: {0}")]
@@ -44,24 +32,13 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl EngineError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        EngineError::Io {
-            path: path.into(),
-            source,
-        }
+        EngineError::Io { path: path.into(), source }
     }
     pub fn config(file: impl Into<PathBuf>, field: &str, msg: impl Into<String>) -> Self {
-        EngineError::Config {
-            file: file.into(),
-            field: field.to_string(),
-            msg: msg.into(),
-        }
+        EngineError::Config { file: file.into(), field: field.to_string(), msg: msg.into() }
     }
     pub fn weights(file: impl Into<PathBuf>, tensor: &str, msg: impl Into<String>) -> Self {
-        EngineError::Weights {
-            file: file.into(),
-            tensor: tensor.to_string(),
-            msg: msg.into(),
-        }
+        EngineError::Weights { file: file.into(), tensor: tensor.to_string(), msg: msg.into() }
     }
 }
 
@@ -74,14 +51,6 @@ pub fn read_to_string(path: &std::path::Path) -> Result<String> {
 pub fn read_json(path: &std::path::Path) -> Result<serde_json::Value> {
     let text = read_to_string(path)?;
     serde_json::from_str(&text).map_err(|e| {
-        EngineError::config(
-            path,
-            "<document>",
-            format!(
-                "invalid JSON at line {} column {}: {e}",
-                e.line(),
-                e.column()
-            ),
-        )
+        EngineError::config(path, "<document>", format!("invalid JSON at line {} column {}: {e}", e.line(), e.column()))
     })
 }

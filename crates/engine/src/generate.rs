@@ -134,19 +134,10 @@ impl<'a> DecodeSession<'a> {
             }
         }
         let dev = self.lm.device();
-        let ids = Tensor::from_slice(&ids)
-            .view([b as i64, t as i64])
-            .to_device(dev);
-        let pos = Tensor::from_slice(&pos)
-            .view([b as i64, t as i64])
-            .to_device(dev);
-        let mask = Tensor::from_slice(&mask)
-            .view([b as i64, 1, t as i64, keys as i64])
-            .to_device(dev);
-        let hidden = tch::no_grad(|| {
-            self.lm
-                .forward_hidden(&ids, &pos, &mask, Some(&mut self.cache), Mode::EVAL)
-        });
+        let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
+        let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
+        let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, keys as i64]).to_device(dev);
+        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut self.cache), Mode::EVAL));
         let logits = tch::no_grad(|| self.lm.logits(&hidden.select(1, -1)));
         let fed: Vec<bool> = blocks.iter().map(|x| !x.is_empty()).collect();
         self.last_logits = Some(match self.last_logits.take() {
@@ -172,14 +163,10 @@ impl<'a> DecodeSession<'a> {
         eos_ids: &[u32],
     ) -> Result<Vec<Generation>> {
         if params.len() != rows.len() || rngs.len() != rows.len() {
-            return Err(EngineError::Invalid(
-                "generate: rows, params and rngs differ in length".into(),
-            ));
+            return Err(EngineError::Invalid("generate: rows, params and rngs differ in length".into()));
         }
         if tokenizer.is_none() && params.iter().any(|p| !p.stop.is_empty()) {
-            return Err(EngineError::Invalid(
-                "generate: stop strings need a tokenizer".into(),
-            ));
+            return Err(EngineError::Invalid("generate: stop strings need a tokenizer".into()));
         }
         // Feed what an earlier generate left pending for these rows.
         if rows.iter().any(|&r| !self.pending[r].is_empty()) {
@@ -190,39 +177,36 @@ impl<'a> DecodeSession<'a> {
             self.feed(&blocks);
         }
         let Some(_) = self.last_logits else {
-            return Err(EngineError::Invalid(
-                "generate: append a prompt first".into(),
-            ));
+            return Err(EngineError::Invalid("generate: append a prompt first".into()));
         };
         let mut out: Vec<Generation> = rows
             .iter()
-            .map(|_| Generation {
-                tokens: vec![],
-                logprobs: vec![],
-                finish: Finish::Length,
-                stop: None,
-            })
+            .map(|_| Generation { tokens: vec![], logprobs: vec![], finish: Finish::Length, stop: None })
             .collect();
-        let mut active: Vec<usize> = (0..rows.len())
-            .filter(|&i| params[i].max_new_tokens > 0)
-            .collect();
+        let mut active: Vec<usize> = (0..rows.len()).filter(|&i| params[i].max_new_tokens > 0).collect();
         let vocab = self.lm.cfg.vocab_size as usize;
         while !active.is_empty() {
             let t0 = std::time::Instant::now();
             let sel: Vec<i64> = active.iter().map(|&i| rows[i] as i64).collect();
             let dev = self.lm.device();
-            let logits = self
-                .last_logits
-                .as_ref()
-                .unwrap()
-                .index_select(0, &Tensor::from_slice(&sel).to_device(dev));
+            let logits = self.last_logits.as_ref().unwrap().index_select(0, &Tensor::from_slice(&sel).to_device(dev));
             let host: Vec<f32> =
-                Vec::try_from(logits.to_device(tch::Device::Cpu).contiguous().view(-1))
-                    .map_err(EngineError::Torch)?;
+                Vec::try_from(logits.to_device(tch::Device::Cpu).contiguous().view(-1)).map_err(EngineError::Torch)?;
             let mut blocks = vec![vec![]; self.batch()];
             let mut still = vec![];
+            // Rows sample independently (own generator each), so they run in parallel.
+            let picks: Vec<(u32, f32)> = {
+                use rayon::prelude::*;
+                let mut row_rngs: Vec<(usize, &mut Rng)> =
+                    rngs.iter_mut().enumerate().filter(|(i, _)| active.contains(i)).collect();
+                row_rngs
+                    .par_iter_mut()
+                    .enumerate()
+                    .map(|(a, (i, rng))| sample(&host[a * vocab..(a + 1) * vocab], &params[*i], rng))
+                    .collect()
+            };
             for (a, &i) in active.iter().enumerate() {
-                let (tok, lp) = sample(&host[a * vocab..(a + 1) * vocab], &params[i], &mut rngs[i]);
+                let (tok, lp) = picks[a];
                 let g = &mut out[i];
                 g.tokens.push(tok);
                 g.logprobs.push(lp);
@@ -293,8 +277,6 @@ pub fn generate(
 /// tests to check the cache, and by scoring).
 pub fn full_logits(lm: &DecoderLm, seqs: &[Vec<u32>]) -> Tensor {
     let batch = crate::score::PackedBatch::new(seqs, lm.device());
-    let h = tch::no_grad(|| {
-        lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, Mode::EVAL)
-    });
+    let h = tch::no_grad(|| lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, Mode::EVAL));
     lm.logits(&h).to_kind(Kind::Float)
 }

@@ -15,18 +15,9 @@ pub struct Mode {
 }
 
 impl Mode {
-    pub const EVAL: Mode = Mode {
-        train: false,
-        adapters: true,
-    };
-    pub const TRAIN: Mode = Mode {
-        train: true,
-        adapters: true,
-    };
-    pub const REFERENCE: Mode = Mode {
-        train: false,
-        adapters: false,
-    };
+    pub const EVAL: Mode = Mode { train: false, adapters: true };
+    pub const TRAIN: Mode = Mode { train: true, adapters: true };
+    pub const REFERENCE: Mode = Mode { train: false, adapters: false };
 }
 
 /// LoRA hyper-parameters (Hu et al. 2021), PEFT's conventions: `scale = alpha / rank`,
@@ -68,36 +59,15 @@ impl Linear {
     /// component, matched against the LoRA target list.
     /// `random`: uniform init (random test models); otherwise zeros, to be overwritten by a
     /// checkpoint without paying for a random fill of billions of weights.
-    pub fn new(
-        p: &Path,
-        name: &str,
-        dims: (i64, i64),
-        bias: bool,
-        lora: Option<&LoraConfig>,
-        random: bool,
-    ) -> Linear {
+    pub fn new(p: &Path, name: &str, dims: (i64, i64), bias: bool, lora: Option<&LoraConfig>, random: bool) -> Linear {
         let (in_dim, out_dim) = dims;
         let p = p / name;
         let bound = 1.0 / (in_dim as f64).sqrt();
-        let init = if random {
-            Init::Uniform {
-                lo: -bound,
-                up: bound,
-            }
-        } else {
-            Init::Const(0.0)
-        };
+        let init = if random { Init::Uniform { lo: -bound, up: bound } } else { Init::Const(0.0) };
         let weight = p.var("weight", &[out_dim, in_dim], init);
         let bias = bias.then(|| p.var("bias", &[out_dim], init));
         let lora = lora.filter(|c| c.targets(name)).map(|c| LoraAdapter {
-            a: (&p / "lora_A").var(
-                "weight",
-                &[c.rank, in_dim],
-                Init::Uniform {
-                    lo: -bound,
-                    up: bound,
-                },
-            ),
+            a: (&p / "lora_A").var("weight", &[c.rank, in_dim], Init::Uniform { lo: -bound, up: bound }),
             b: (&p / "lora_B").var("weight", &[out_dim, c.rank], Init::Const(0.0)),
             scale: c.alpha / c.rank as f64,
             dropout: c.dropout,
@@ -109,11 +79,7 @@ impl Linear {
         let y = x.linear(&self.weight, self.bias.as_ref());
         match &self.lora {
             Some(l) if mode.adapters => {
-                let x = if mode.train && l.dropout > 0.0 {
-                    x.dropout(l.dropout, true)
-                } else {
-                    x.shallow_clone()
-                };
+                let x = if mode.train && l.dropout > 0.0 { x.dropout(l.dropout, true) } else { x.shallow_clone() };
                 y + x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale
             }
             _ => y,
@@ -138,10 +104,7 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     pub fn new(p: &Path, dim: i64, eps: f64) -> RmsNorm {
-        RmsNorm {
-            weight: p.var("weight", &[dim], Init::Const(1.0)),
-            eps,
-        }
+        RmsNorm { weight: p.var("weight", &[dim], Init::Const(1.0)), eps }
     }
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let kind = x.kind();

@@ -16,12 +16,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-        }
+        AdamWConfig { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
     }
 }
 
@@ -68,23 +63,15 @@ impl LrSchedule {
                 if step < warmup {
                     warm(lr, warmup)
                 } else {
-                    let left = total.saturating_sub(step) as f64
-                        / (total.saturating_sub(warmup)).max(1) as f64;
+                    let left = total.saturating_sub(step) as f64 / (total.saturating_sub(warmup)).max(1) as f64;
                     lr * left.clamp(0.0, 1.0)
                 }
             }
-            LrSchedule::Cosine {
-                lr,
-                warmup,
-                total,
-                min_ratio,
-            } => {
+            LrSchedule::Cosine { lr, warmup, total, min_ratio } => {
                 if step < warmup {
                     warm(lr, warmup)
                 } else {
-                    let prog = ((step - warmup) as f64
-                        / (total.saturating_sub(warmup)).max(1) as f64)
-                        .min(1.0);
+                    let prog = ((step - warmup) as f64 / (total.saturating_sub(warmup)).max(1) as f64).min(1.0);
                     let cos = 0.5 * (1.0 + (std::f64::consts::PI * prog).cos());
                     lr * (min_ratio + (1.0 - min_ratio) * cos)
                 }
@@ -114,14 +101,7 @@ impl AdamW {
         let m = params.iter().map(|(_, p)| p.zeros_like()).collect();
         let v = params.iter().map(|(_, p)| p.zeros_like()).collect();
         let decay = params.iter().map(|(n, _)| decays(n)).collect();
-        AdamW {
-            cfg,
-            params,
-            m,
-            v,
-            decay,
-            steps: 0,
-        }
+        AdamW { cfg, params, m, v, decay, steps: 0 }
     }
 
     pub fn params(&self) -> &[(String, Tensor)] {
@@ -138,23 +118,13 @@ impl AdamW {
     /// `clip_grad_norm_`); returns the norm before clipping.
     pub fn clip_grad_norm(&self, max_norm: f64) -> f64 {
         tch::no_grad(|| {
-            let grads: Vec<Tensor> = self
-                .params
-                .iter()
-                .map(|(_, p)| p.grad())
-                .filter(|g| g.defined())
-                .collect();
+            let grads: Vec<Tensor> = self.params.iter().map(|(_, p)| p.grad()).filter(|g| g.defined()).collect();
             if grads.is_empty() {
                 return 0.0;
             }
-            let sq: Vec<Tensor> = grads
-                .iter()
-                .map(|g| g.to_kind(tch::Kind::Float).square().sum(tch::Kind::Float))
-                .collect();
-            let total = Tensor::stack(&sq, 0)
-                .sum(tch::Kind::Float)
-                .sqrt()
-                .double_value(&[]);
+            let sq: Vec<Tensor> =
+                grads.iter().map(|g| g.to_kind(tch::Kind::Float).square().sum(tch::Kind::Float)).collect();
+            let total = Tensor::stack(&sq, 0).sum(tch::Kind::Float).sqrt().double_value(&[]);
             let coef = max_norm / (total + 1e-6);
             if max_norm > 0.0 && coef < 1.0 {
                 for g in &grads {
@@ -168,12 +138,7 @@ impl AdamW {
     /// One AdamW update with learning rate `lr`; parameters without a gradient are skipped.
     pub fn step(&mut self, lr: f64) {
         self.steps += 1;
-        let AdamWConfig {
-            beta1: b1,
-            beta2: b2,
-            eps,
-            weight_decay,
-        } = self.cfg;
+        let AdamWConfig { beta1: b1, beta2: b2, eps, weight_decay } = self.cfg;
         let bc1 = 1.0 - b1.powi(self.steps as i32);
         let bc2 = 1.0 - b2.powi(self.steps as i32);
         tch::no_grad(|| {
@@ -187,9 +152,7 @@ impl AdamW {
                     let _ = p.g_mul_scalar_(1.0 - lr * weight_decay);
                 }
                 let _ = self.m[i].lerp_(&g, 1.0 - b1);
-                let _ = self.v[i]
-                    .g_mul_scalar_(b2)
-                    .g_add_(&(g.square() * (1.0 - b2)));
+                let _ = self.v[i].g_mul_scalar_(b2).g_add_(&(g.square() * (1.0 - b2)));
                 let denom = self.v[i].sqrt() / bc2.sqrt() + eps;
                 let _ = p.g_add_(&(&self.m[i] / denom * (-lr / bc1)));
             }
@@ -206,11 +169,7 @@ impl AdamW {
         out
     }
 
-    pub fn load_state_tensors(
-        &mut self,
-        mut t: HashMap<String, Tensor>,
-        steps: u64,
-    ) -> crate::Result<()> {
+    pub fn load_state_tensors(&mut self, mut t: HashMap<String, Tensor>, steps: u64) -> crate::Result<()> {
         for (i, (n, _)) in self.params.iter().enumerate() {
             for (prefix, dst) in [("exp_avg", &mut self.m[i]), ("exp_avg_sq", &mut self.v[i])] {
                 let key = format!("{prefix}.{n}");
@@ -240,27 +199,15 @@ mod tests {
 
     #[test]
     fn schedules_hit_hand_computed_values() {
-        let c = LrSchedule::Cosine {
-            lr: 1.0,
-            warmup: 2,
-            total: 10,
-            min_ratio: 0.1,
-        };
+        let c = LrSchedule::Cosine { lr: 1.0, warmup: 2, total: 10, min_ratio: 0.1 };
         assert!((c.lr_at(0) - 0.5).abs() < 1e-12);
         assert!((c.lr_at(1) - 1.0).abs() < 1e-12);
         assert!((c.lr_at(2) - 1.0).abs() < 1e-12);
         // halfway through decay: 0.1 + 0.9 * 0.5
         assert!((c.lr_at(6) - 0.55).abs() < 1e-12);
         assert!((c.lr_at(10) - 0.1).abs() < 1e-12);
-        let l = LrSchedule::Linear {
-            lr: 2.0,
-            warmup: 0,
-            total: 4,
-        };
-        assert_eq!(
-            [l.lr_at(0), l.lr_at(1), l.lr_at(3), l.lr_at(9)],
-            [2.0, 1.5, 0.5, 0.0]
-        );
+        let l = LrSchedule::Linear { lr: 2.0, warmup: 0, total: 4 };
+        assert_eq!([l.lr_at(0), l.lr_at(1), l.lr_at(3), l.lr_at(9)], [2.0, 1.5, 0.5, 0.0]);
         let w = LrSchedule::WarmupConstant { lr: 3.0, warmup: 3 };
         assert_eq!([w.lr_at(0), w.lr_at(2), w.lr_at(50)], [1.0, 3.0, 3.0]);
     }
@@ -271,13 +218,8 @@ mod tests {
         let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
         let loss = (&p * Tensor::from_slice(&[3.0f32, -0.5])).sum(tch::Kind::Float);
         loss.backward();
-        let mut opt = AdamW::new(
-            vec![("w".into(), p.shallow_clone())],
-            AdamWConfig {
-                weight_decay: 0.1,
-                ..Default::default()
-            },
-        );
+        let mut opt =
+            AdamW::new(vec![("w".into(), p.shallow_clone())], AdamWConfig { weight_decay: 0.1, ..Default::default() });
         opt.step(0.01);
         let got: Vec<f32> = Vec::try_from(p.detach()).unwrap();
         let want = [1.0 * (1.0 - 0.001) - 0.01, -2.0 * (1.0 - 0.001) + 0.01];
@@ -289,13 +231,8 @@ mod tests {
     #[test]
     fn clipping_scales_to_max_norm() {
         let p = Tensor::from_slice(&[0.0f32, 0.0]).set_requires_grad(true);
-        (&p * Tensor::from_slice(&[3.0f32, 4.0]))
-            .sum(tch::Kind::Float)
-            .backward();
-        let opt = AdamW::new(
-            vec![("w".into(), p.shallow_clone())],
-            AdamWConfig::default(),
-        );
+        (&p * Tensor::from_slice(&[3.0f32, 4.0])).sum(tch::Kind::Float).backward();
+        let opt = AdamW::new(vec![("w".into(), p.shallow_clone())], AdamWConfig::default());
         let n = opt.clip_grad_norm(1.0);
         assert!((n - 5.0).abs() < 1e-6);
         let g: Vec<f32> = Vec::try_from(p.grad()).unwrap();

@@ -19,11 +19,7 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions {
-            device: Device::Cpu,
-            dtype: Kind::Float,
-            lora: None,
-        }
+        LoadOptions { device: Device::Cpu, dtype: Kind::Float, lora: None }
     }
 }
 
@@ -40,10 +36,7 @@ pub fn is_lora_param(name: &str) -> bool {
 }
 
 /// Builds the VarStore and module tree; with LoRA, everything but the adapters is frozen.
-pub(crate) fn build<M>(
-    opts: &LoadOptions,
-    make: impl FnOnce(&tch::nn::Path) -> M,
-) -> (VarStore, M) {
+pub(crate) fn build<M>(opts: &LoadOptions, make: impl FnOnce(&tch::nn::Path) -> M) -> (VarStore, M) {
     let mut vs = VarStore::new(opts.device);
     vs.set_kind(opts.dtype);
     let m = make(&vs.root());
@@ -66,9 +59,7 @@ impl Policy {
         let cfg = DecoderConfig::from_dir(dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         let files = weights::weight_files(dir)?;
-        let (vs, lm) = build(opts, |root| {
-            DecoderLm::new(root, &cfg, opts.lora.as_ref(), false)
-        });
+        let (vs, lm) = build(opts, |root| DecoderLm::new(root, &cfg, opts.lora.as_ref(), false));
         let tied = cfg.tie_word_embeddings;
         weights::load_into(&files, &vs.variables(), is_lora_param, |n| {
             (tied && n == "lm_head.weight") || n.ends_with("rotary_emb.inv_freq")
@@ -77,51 +68,26 @@ impl Policy {
             return Err(EngineError::config(
                 dir.join("config.json"),
                 "vocab_size",
-                format!(
-                    "{} is smaller than the tokenizer's {} tokens",
-                    cfg.vocab_size,
-                    tokenizer.vocab_size()
-                ),
+                format!("{} is smaller than the tokenizer's {} tokens", cfg.vocab_size, tokenizer.vocab_size()),
             ));
         }
-        Ok(Policy {
-            lm,
-            vs,
-            tokenizer: Some(tokenizer),
-            lora: opts.lora.clone(),
-            dir: Some(dir.to_path_buf()),
-        })
+        Ok(Policy { lm, vs, tokenizer: Some(tokenizer), lora: opts.lora.clone(), dir: Some(dir.to_path_buf()) })
     }
 
     /// A randomly initialised model (tests, benchmarks), seeded through libtorch's generator.
     pub fn random(cfg: &DecoderConfig, opts: &LoadOptions, seed: i64) -> Policy {
         tch::manual_seed(seed);
-        let (vs, lm) = build(opts, |root| {
-            DecoderLm::new(root, cfg, opts.lora.as_ref(), true)
-        });
-        Policy {
-            lm,
-            vs,
-            tokenizer: None,
-            lora: opts.lora.clone(),
-            dir: None,
-        }
+        let (vs, lm) = build(opts, |root| DecoderLm::new(root, cfg, opts.lora.as_ref(), true));
+        Policy { lm, vs, tokenizer: None, lora: opts.lora.clone(), dir: None }
     }
 
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
-        self.tokenizer
-            .as_ref()
-            .ok_or_else(|| EngineError::Invalid("this policy has no tokenizer".into()))
+        self.tokenizer.as_ref().ok_or_else(|| EngineError::Invalid("this policy has no tokenizer".into()))
     }
 
     /// Parameters the optimiser updates (adapters only under LoRA), sorted by name.
     pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<(String, Tensor)> = self
-            .vs
-            .variables()
-            .into_iter()
-            .filter(|(_, t)| t.requires_grad())
-            .collect();
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -150,13 +116,8 @@ impl Policy {
             std::fs::remove_dir_all(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
         }
         std::fs::create_dir_all(&tmp).map_err(|e| EngineError::io(&tmp, e))?;
-        let params: Vec<(String, Tensor)> = tch::no_grad(|| {
-            self.lm
-                .merged_parameters()
-                .into_iter()
-                .map(|(n, t)| (n, t.to_kind(dtype)))
-                .collect()
-        });
+        let params: Vec<(String, Tensor)> =
+            tch::no_grad(|| self.lm.merged_parameters().into_iter().map(|(n, t)| (n, t.to_kind(dtype))).collect());
         weights::write_atomic(&tmp.join("model.safetensors"), &params)?;
         let mut cfg = self.lm.cfg.raw.clone();
         if let Some(o) = cfg.as_object_mut() {
@@ -164,10 +125,7 @@ impl Policy {
             o.remove("torch_dtype");
             o.remove("quantization_config");
         }
-        crate::fsutil::write_atomic(
-            &tmp.join("config.json"),
-            serde_json::to_string_pretty(&cfg).unwrap().as_bytes(),
-        )?;
+        crate::fsutil::write_atomic(&tmp.join("config.json"), serde_json::to_string_pretty(&cfg).unwrap().as_bytes())?;
         if let Some(src) = &self.dir {
             for f in [
                 "tokenizer.json",

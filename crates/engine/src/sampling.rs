@@ -19,9 +19,7 @@ impl Rng {
             x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             x ^ (x >> 31)
         };
-        Rng {
-            s: [next(), next(), next(), next()],
-        }
+        Rng { s: [next(), next(), next(), next()] }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -69,23 +67,13 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            max_new_tokens: 256,
-            stop: vec![],
-        }
+        SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, max_new_tokens: 256, stop: vec![] }
     }
 }
 
 impl SamplingParams {
     pub fn greedy(max_new_tokens: usize) -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            max_new_tokens,
-            ..Default::default()
-        }
+        SamplingParams { temperature: 0.0, max_new_tokens, ..Default::default() }
     }
 }
 
@@ -94,17 +82,16 @@ impl SamplingParams {
 /// greedy, under the untempered softmax).
 pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> (u32, f32) {
     if p.temperature <= 0.0 {
-        let (best, _) =
-            logits
-                .iter()
-                .enumerate()
-                .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-                    if v > bv {
-                        (i, v)
-                    } else {
-                        (bi, bv)
-                    }
-                });
+        let (best, _) = logits.iter().enumerate().fold(
+            (0, f32::NEG_INFINITY),
+            |(bi, bv), (i, &v)| {
+                if v > bv {
+                    (i, v)
+                } else {
+                    (bi, bv)
+                }
+            },
+        );
         return (best as u32, log_softmax_at(logits, 1.0, best));
     }
     let inv_t = 1.0 / p.temperature as f32;
@@ -112,10 +99,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> (u32, f32) {
     let top_k_active = p.top_k > 0 && p.top_k < logits.len();
     if !top_k_active && p.top_p >= 1.0 {
         // Plain temperature sampling: one pass for the normaliser, one inverse-CDF pass.
-        let z: f64 = logits
-            .iter()
-            .map(|&l| (((l - max) * inv_t) as f64).exp())
-            .sum();
+        let z: f64 = logits.iter().map(|&l| (((l - max) * inv_t) as f64).exp()).sum();
         let target = rng.uniform() * z;
         let mut acc = 0.0;
         let mut pick = logits.len() - 1;
@@ -138,10 +122,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> (u32, f32) {
         idx.truncate(k);
     }
     idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    let w: Vec<f64> = idx
-        .iter()
-        .map(|&i| (((logits[i] - max) * inv_t) as f64).exp())
-        .collect();
+    let w: Vec<f64> = idx.iter().map(|&i| (((logits[i] - max) * inv_t) as f64).exp()).collect();
     let total: f64 = w.iter().sum();
     let mut keep = w.len();
     if p.top_p < 1.0 {
@@ -190,10 +171,7 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_with_logprob_zero() {
         let l = [0.5f32, 3.0, 1.0, -2.0];
-        let p = SamplingParams {
-            top_k: 1,
-            ..Default::default()
-        };
+        let p = SamplingParams { top_k: 1, ..Default::default() };
         for s in 0..20 {
             let (t, lp) = sample(&l, &p, &mut Rng::new(s));
             assert_eq!((t, lp), (1, 0.0));
@@ -204,10 +182,7 @@ mod tests {
     fn top_p_keeps_smallest_prefix_reaching_p() {
         // probs ≈ [0.6439, 0.2369, 0.0871, 0.0321]: p = 0.8 keeps the first two tokens.
         let l = [3.0f32, 2.0, 1.0, 0.0];
-        let p = SamplingParams {
-            top_p: 0.8,
-            ..Default::default()
-        };
+        let p = SamplingParams { top_p: 0.8, ..Default::default() };
         let mut seen = [0usize; 4];
         let mut rng = Rng::new(7);
         for _ in 0..4000 {
@@ -225,10 +200,7 @@ mod tests {
     #[test]
     fn temperature_sampling_matches_softmax_frequencies() {
         let l = [0.0f32, 1.0, 2.0];
-        let p = SamplingParams {
-            temperature: 2.0,
-            ..Default::default()
-        };
+        let p = SamplingParams { temperature: 2.0, ..Default::default() };
         let mut rng = Rng::new(1);
         let mut seen = [0usize; 3];
         for _ in 0..20000 {
@@ -243,15 +215,9 @@ mod tests {
 
     #[test]
     fn rng_is_reproducible_and_seed_sensitive() {
-        let a: Vec<u64> = (0..4)
-            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
-            .collect();
-        let b: Vec<u64> = (0..4)
-            .scan(Rng::new(42), |r, _| Some(r.next_u64()))
-            .collect();
-        let c: Vec<u64> = (0..4)
-            .scan(Rng::new(43), |r, _| Some(r.next_u64()))
-            .collect();
+        let a: Vec<u64> = (0..4).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
+        let b: Vec<u64> = (0..4).scan(Rng::new(42), |r, _| Some(r.next_u64())).collect();
+        let c: Vec<u64> = (0..4).scan(Rng::new(43), |r, _| Some(r.next_u64())).collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }

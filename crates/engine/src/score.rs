@@ -28,24 +28,13 @@ impl PackedBatch {
         }
         let lens: Vec<i64> = seqs.iter().map(|s| s.len() as i64).collect();
         let ar = Tensor::arange(l as i64, (Kind::Int64, device));
-        let key_ok = ar
-            .unsqueeze(0)
-            .lt_tensor(&Tensor::from_slice(&lens).to_device(device).unsqueeze(1)); // [B, L]
+        let key_ok = ar.unsqueeze(0).lt_tensor(&Tensor::from_slice(&lens).to_device(device).unsqueeze(1)); // [B, L]
         let causal = ar.unsqueeze(1).ge_tensor(&ar.unsqueeze(0)); // [L(q), L(k)]
         let diag = Tensor::eye(l as i64, (Kind::Bool, device));
-        let mask = causal
-            .unsqueeze(0)
-            .logical_and(&key_ok.unsqueeze(1))
-            .logical_or(&diag.unsqueeze(0))
-            .unsqueeze(1);
+        let mask = causal.unsqueeze(0).logical_and(&key_ok.unsqueeze(1)).logical_or(&diag.unsqueeze(0)).unsqueeze(1);
         PackedBatch {
-            ids: Tensor::from_slice(&ids)
-                .view([b as i64, l as i64])
-                .to_device(device),
-            positions: ar
-                .unsqueeze(0)
-                .expand([b as i64, l as i64], false)
-                .contiguous(),
+            ids: Tensor::from_slice(&ids).view([b as i64, l as i64]).to_device(device),
+            positions: ar.unsqueeze(0).expand([b as i64, l as i64], false).contiguous(),
             mask,
             lens: seqs.iter().map(Vec::len).collect(),
             width: l,
@@ -76,21 +65,12 @@ pub struct ScoreRequest<'a> {
 pub fn score(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
     let dev = lm.device();
     let b = reqs.len() as i64;
-    let r_max = reqs
-        .iter()
-        .map(|q| q.response.len())
-        .max()
-        .unwrap_or(0)
-        .max(1) as i64;
-    let seqs: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|q| [q.prompt, q.response].concat())
-        .collect();
+    let r_max = reqs.iter().map(|q| q.response.len()).max().unwrap_or(0).max(1) as i64;
+    let seqs: Vec<Vec<u32>> = reqs.iter().map(|q| [q.prompt, q.response].concat()).collect();
     let batch = PackedBatch::new(&seqs, dev);
     let l = batch.width as i64;
     // Row i's response token t sits at p_i + t and is predicted by the hidden state at p_i + t - 1.
-    let (mut src, mut dst, mut targets, mut keep) =
-        (vec![], vec![], vec![], vec![0f32; (b * r_max) as usize]);
+    let (mut src, mut dst, mut targets, mut keep) = (vec![], vec![], vec![], vec![0f32; (b * r_max) as usize]);
     for (i, q) in reqs.iter().enumerate() {
         let p = q.prompt.len() as i64;
         assert!(p > 0, "score: empty prompt");
@@ -107,27 +87,16 @@ pub fn score(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode
     let dst = Tensor::from_slice(&dst).to_device(dev);
     let h = hidden.view([b * l, d]).index_select(0, &src);
     let logits = lm.logits(&h);
-    let logits = if temperature > 0.0 && temperature != 1.0 {
-        logits / temperature
-    } else {
-        logits
-    };
+    let logits = if temperature > 0.0 && temperature != 1.0 { logits / temperature } else { logits };
     let logp_all = logits.log_softmax(-1, logits.kind());
     let targets = Tensor::from_slice(&targets).to_device(dev).unsqueeze(1);
     let lp = logp_all.gather(1, &targets, false).squeeze_dim(1);
-    let ent =
-        tch::no_grad(|| -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, logp_all.kind()));
-    let scatter = |v: &Tensor| {
-        Tensor::zeros([b * r_max], (v.kind(), dev))
-            .index_put(&[Some(&dst)], v, false)
-            .view([b, r_max])
-    };
+    let ent = tch::no_grad(|| -(logp_all.exp() * &logp_all).sum_dim_intlist(-1, false, logp_all.kind()));
+    let scatter =
+        |v: &Tensor| Tensor::zeros([b * r_max], (v.kind(), dev)).index_put(&[Some(&dst)], v, false).view([b, r_max]);
     Scored {
         logprobs: scatter(&lp),
         entropy: scatter(&ent),
-        mask: Tensor::from_slice(&keep)
-            .to_device(dev)
-            .view([b, r_max])
-            .to_kind(lp.kind()),
+        mask: Tensor::from_slice(&keep).to_device(dev).view([b, r_max]).to_kind(lp.kind()),
     }
 }

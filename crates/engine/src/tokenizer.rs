@@ -16,10 +16,7 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: &str) -> Message {
-        Message {
-            role: role.into(),
-            content: content.into(),
-        }
+        Message { role: role.into(), content: content.into() }
     }
 }
 
@@ -44,11 +41,7 @@ fn token_string(v: &Value) -> Option<String> {
 
 fn ids_of(v: Option<&Value>) -> Vec<u32> {
     match v {
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         _ => vec![],
     }
@@ -60,42 +53,19 @@ impl Tokenizer {
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let file = dir.join("tokenizer.json");
         if !file.exists() {
-            return Err(EngineError::Tokenizer {
-                file,
-                msg: "missing (a tokenizer.json is required)".into(),
-            });
+            return Err(EngineError::Tokenizer { file, msg: "missing (a tokenizer.json is required)".into() });
         }
-        let mut inner =
-            tokenizers::Tokenizer::from_file(&file).map_err(|e| EngineError::Tokenizer {
-                file: file.clone(),
-                msg: format!("cannot parse: {e}"),
-            })?;
+        let mut inner = tokenizers::Tokenizer::from_file(&file)
+            .map_err(|e| EngineError::Tokenizer { file: file.clone(), msg: format!("cannot parse: {e}") })?;
         // Encoders ship fixed padding/truncation for their training setup (MiniLM pads every
         // input to 128); knowrl pads batches itself and masks padding explicitly.
         inner.with_padding(None);
-        inner
-            .with_truncation(None)
-            .map_err(|e| EngineError::Tokenizer {
-                file: file.clone(),
-                msg: e.to_string(),
-            })?;
+        inner.with_truncation(None).map_err(|e| EngineError::Tokenizer { file: file.clone(), msg: e.to_string() })?;
 
         let cfg_file = dir.join("tokenizer_config.json");
-        let cfg = if cfg_file.exists() {
-            read_json(&cfg_file)?
-        } else {
-            Value::Null
-        };
+        let cfg = if cfg_file.exists() { read_json(&cfg_file)? } else { Value::Null };
         let mut special_tokens = BTreeMap::new();
-        for key in [
-            "bos_token",
-            "eos_token",
-            "unk_token",
-            "pad_token",
-            "sep_token",
-            "cls_token",
-            "mask_token",
-        ] {
+        for key in ["bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"] {
             if let Some(s) = cfg.get(key).and_then(token_string) {
                 special_tokens.insert(key.to_string(), s);
             }
@@ -128,39 +98,23 @@ impl Tokenizer {
         if eos_ids.is_empty() {
             eos_ids.extend(special_tokens.get("eos_token").and_then(|s| id_of(s)));
         }
-        let pad_id = special_tokens
-            .get("pad_token")
-            .and_then(|s| id_of(s))
-            .or_else(|| eos_ids.first().copied())
-            .unwrap_or(0);
-        Ok(Tokenizer {
-            inner,
-            chat_template,
-            special_tokens,
-            eos_ids,
-            pad_id,
-            file,
-        })
+        let pad_id =
+            special_tokens.get("pad_token").and_then(|s| id_of(s)).or_else(|| eos_ids.first().copied()).unwrap_or(0);
+        Ok(Tokenizer { inner, chat_template, special_tokens, eos_ids, pad_id, file })
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc =
-            self.inner
-                .encode(text, add_special_tokens)
-                .map_err(|e| EngineError::Tokenizer {
-                    file: self.file.clone(),
-                    msg: format!("encode: {e}"),
-                })?;
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| EngineError::Tokenizer { file: self.file.clone(), msg: format!("encode: {e}") })?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)
-            .map_err(|e| EngineError::Tokenizer {
-                file: self.file.clone(),
-                msg: format!("decode: {e}"),
-            })
+            .map_err(|e| EngineError::Tokenizer { file: self.file.clone(), msg: format!("decode: {e}") })
     }
 
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -181,17 +135,11 @@ impl Tokenizer {
 
     /// Renders the chat template exactly as `tokenizer.apply_chat_template(messages,
     /// tokenize=False, add_generation_prompt=...)` does.
-    pub fn apply_chat_template(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
-        let tpl = self.chat_template.as_deref().ok_or_else(|| {
-            EngineError::Template(format!(
-                "{}: the model has no chat template",
-                self.file.display()
-            ))
-        })?;
+    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let tpl = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| EngineError::Template(format!("{}: the model has no chat template", self.file.display())))?;
         render_chat_template(tpl, messages, add_generation_prompt, &self.special_tokens)
     }
 }
@@ -213,36 +161,21 @@ pub fn render_chat_template(
             .map_err(|e| EngineError::Template(e.to_string()))?,
     );
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |msg: String| -> std::result::Result<J, Error> {
-            Err(Error::new(ErrorKind::InvalidOperation, msg))
-        },
-    );
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<J, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    });
     env.add_function("strftime_now", |fmt: String| -> String {
         let now = jiff::Zoned::now();
         now.strftime(&fmt).to_string()
     });
     env.add_filter("tojson", python_tojson);
-    env.add_template("chat", template)
-        .map_err(|e| EngineError::Template(format!("parse: {e:#}")))?;
-    let mut ctx: BTreeMap<String, J> = special_tokens
-        .iter()
-        .map(|(k, v)| (k.clone(), J::from(v.clone())))
-        .collect();
-    ctx.insert(
-        "messages".into(),
-        J::from(minijinja::value::Serde(messages)),
-    );
-    ctx.insert(
-        "add_generation_prompt".into(),
-        J::from(add_generation_prompt),
-    );
+    env.add_template("chat", template).map_err(|e| EngineError::Template(format!("parse: {e:#}")))?;
+    let mut ctx: BTreeMap<String, J> = special_tokens.iter().map(|(k, v)| (k.clone(), J::from(v.clone()))).collect();
+    ctx.insert("messages".into(), J::from(minijinja::value::Serde(messages)));
+    ctx.insert("add_generation_prompt".into(), J::from(add_generation_prompt));
     ctx.insert("tools".into(), J::from(()));
     ctx.insert("documents".into(), J::from(()));
-    env.get_template("chat")
-        .and_then(|t| t.render(ctx))
-        .map_err(|e| EngineError::Template(format!("render: {e:#}")))
+    env.get_template("chat").and_then(|t| t.render(ctx)).map_err(|e| EngineError::Template(format!("render: {e:#}")))
 }
 
 /// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent)`,
@@ -251,9 +184,8 @@ fn python_tojson(
     value: minijinja::Value,
     indent: Option<usize>,
 ) -> std::result::Result<minijinja::Value, minijinja::Error> {
-    let v: Value = serde_json::to_value(&value).map_err(|e| {
-        minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string())
-    })?;
+    let v: Value = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_py_json(&v, indent, 0, &mut out);
     Ok(minijinja::Value::from_safe_string(out))

@@ -40,13 +40,7 @@ fn kind_of(file: &Path, name: &str, d: Dtype) -> Result<Kind> {
         Dtype::I32 => Kind::Int,
         Dtype::U8 => Kind::Uint8,
         Dtype::BOOL => Kind::Bool,
-        other => {
-            return Err(EngineError::weights(
-                file,
-                name,
-                format!("unsupported dtype {other:?}"),
-            ))
-        }
+        other => return Err(EngineError::weights(file, name, format!("unsupported dtype {other:?}"))),
     })
 }
 
@@ -57,10 +51,8 @@ pub fn for_each_tensor(file: &Path, mut f: impl FnMut(&str, Tensor) -> Result<()
     // SAFETY: the map is read-only and dropped before we return; a concurrent writer would be a
     // user error we cannot guard against anyway (same contract as transformers/candle).
     let mmap = unsafe { memmap2::Mmap::map(&fd) }.map_err(|e| EngineError::io(file, e))?;
-    let st = SafeTensors::deserialize(&mmap).map_err(|e| EngineError::Safetensors {
-        file: file.to_path_buf(),
-        msg: e.to_string(),
-    })?;
+    let st = SafeTensors::deserialize(&mmap)
+        .map_err(|e| EngineError::Safetensors { file: file.to_path_buf(), msg: e.to_string() })?;
     for (name, view) in st.tensors() {
         let kind = kind_of(file, &name, view.dtype())?;
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
@@ -75,10 +67,8 @@ pub fn for_each_header(file: &Path, mut f: impl FnMut(&str)) -> Result<()> {
     let fd = std::fs::File::open(file).map_err(|e| EngineError::io(file, e))?;
     // SAFETY: read-only map, dropped before returning.
     let mmap = unsafe { memmap2::Mmap::map(&fd) }.map_err(|e| EngineError::io(file, e))?;
-    let (_, meta) = SafeTensors::read_metadata(&mmap).map_err(|e| EngineError::Safetensors {
-        file: file.to_path_buf(),
-        msg: e.to_string(),
-    })?;
+    let (_, meta) = SafeTensors::read_metadata(&mmap)
+        .map_err(|e| EngineError::Safetensors { file: file.to_path_buf(), msg: e.to_string() })?;
     for name in meta.tensors().keys() {
         f(name);
     }
@@ -121,11 +111,7 @@ pub fn load_into(
                 return Err(EngineError::weights(
                     file,
                     name,
-                    format!(
-                        "shape mismatch: checkpoint has {:?}, config.json implies {:?}",
-                        t.size(),
-                        p.size()
-                    ),
+                    format!("shape mismatch: checkpoint has {:?}, config.json implies {:?}", t.size(), p.size()),
                 ));
             }
             tch::no_grad(|| p.shallow_clone().f_copy_(&t.to_kind(p.kind())))?;
@@ -133,20 +119,14 @@ pub fn load_into(
             Ok(())
         })?;
     }
-    let mut missing: Vec<&String> = params
-        .keys()
-        .filter(|k| !seen.contains(*k) && !optional(k))
-        .collect();
+    let mut missing: Vec<&String> = params.keys().filter(|k| !seen.contains(*k) && !optional(k)).collect();
     missing.sort();
     if let Some(first) = missing.first() {
         let where_ = files.first().cloned().unwrap_or_default();
         return Err(EngineError::weights(
             where_,
             first,
-            format!(
-                "missing from the checkpoint ({} parameter(s) missing in all)",
-                missing.len()
-            ),
+            format!("missing from the checkpoint ({} parameter(s) missing in all)", missing.len()),
         ));
     }
     Ok(())
@@ -156,15 +136,8 @@ pub fn load_into(
 /// fsync, then rename, so a crash never leaves a half-written file under the final name.
 pub fn write_atomic(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let cpu: Vec<(String, Tensor)> = tensors
-        .iter()
-        .map(|(n, t)| {
-            (
-                n.clone(),
-                t.detach().to_device(tch::Device::Cpu).contiguous(),
-            )
-        })
-        .collect();
+    let cpu: Vec<(String, Tensor)> =
+        tensors.iter().map(|(n, t)| (n.clone(), t.detach().to_device(tch::Device::Cpu).contiguous())).collect();
     Tensor::write_safetensors(&cpu, &tmp)?;
     crate::fsutil::commit(&tmp, path)
 }

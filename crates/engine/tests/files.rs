@@ -21,14 +21,7 @@ fn tiny_config() -> Value {
 
 fn tiny_policy(lora: Option<LoraConfig>) -> Policy {
     let cfg = DecoderConfig::from_value(Path::new("config.json"), tiny_config()).unwrap();
-    Policy::random(
-        &cfg,
-        &LoadOptions {
-            lora,
-            ..Default::default()
-        },
-        5,
-    )
+    Policy::random(&cfg, &LoadOptions { lora, ..Default::default() }, 5)
 }
 
 /// A random model directory with the SmolLM2 tokenizer files (only the tokenizer matters here).
@@ -42,9 +35,7 @@ fn model_dir(tag: &str) -> PathBuf {
     c["vocab_size"] = json!(49152);
     std::fs::write(d.join("config.json"), c.to_string()).unwrap();
     let cfg = DecoderConfig::from_value(&d.join("config.json"), c).unwrap();
-    Policy::random(&cfg, &LoadOptions::default(), 5)
-        .save_weights(&d)
-        .unwrap();
+    Policy::random(&cfg, &LoadOptions::default(), 5).save_weights(&d).unwrap();
     d
 }
 
@@ -63,23 +54,14 @@ fn bad_model_directories_are_named_errors() {
     let good = read_all(&weights).unwrap();
 
     // A missing tensor.
-    let mut v: Vec<(String, Tensor)> = good
-        .iter()
-        .map(|(k, t)| (k.clone(), t.shallow_clone()))
-        .collect();
+    let mut v: Vec<(String, Tensor)> = good.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
     v.retain(|(k, _)| k != "model.layers.1.mlp.up_proj.weight");
     write_atomic(&weights, &v).unwrap();
     let e = err_of(&d);
-    assert!(
-        e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("missing"),
-        "{e}"
-    );
+    assert!(e.contains("model.layers.1.mlp.up_proj.weight") && e.contains("missing"), "{e}");
 
     // A tensor of the wrong shape.
-    let mut v: Vec<(String, Tensor)> = good
-        .iter()
-        .map(|(k, t)| (k.clone(), t.shallow_clone()))
-        .collect();
+    let mut v: Vec<(String, Tensor)> = good.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
     for (k, t) in v.iter_mut() {
         if k == "model.layers.0.self_attn.q_proj.weight" {
             *t = Tensor::zeros([31, 32], (Kind::Float, tch::Device::Cpu));
@@ -88,21 +70,13 @@ fn bad_model_directories_are_named_errors() {
     write_atomic(&weights, &v).unwrap();
     let e = err_of(&d);
     assert!(
-        e.contains("model.layers.0.self_attn.q_proj.weight")
-            && e.contains("shape mismatch")
-            && e.contains("[31, 32]"),
+        e.contains("model.layers.0.self_attn.q_proj.weight") && e.contains("shape mismatch") && e.contains("[31, 32]"),
         "{e}"
     );
 
     // A tensor the config does not describe (e.g. weights of a model with attention bias).
-    let mut v: Vec<(String, Tensor)> = good
-        .iter()
-        .map(|(k, t)| (k.clone(), t.shallow_clone()))
-        .collect();
-    v.push((
-        "model.layers.0.self_attn.q_proj.bias".into(),
-        Tensor::zeros([32], (Kind::Float, tch::Device::Cpu)),
-    ));
+    let mut v: Vec<(String, Tensor)> = good.iter().map(|(k, t)| (k.clone(), t.shallow_clone())).collect();
+    v.push(("model.layers.0.self_attn.q_proj.bias".into(), Tensor::zeros([32], (Kind::Float, tch::Device::Cpu))));
     write_atomic(&weights, &v).unwrap();
     let e = err_of(&d);
     assert!(e.contains("q_proj.bias") && e.contains("unexpected"), "{e}");
@@ -111,20 +85,14 @@ fn bad_model_directories_are_named_errors() {
     let bytes = std::fs::read(&weights).unwrap();
     std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
     let e = err_of(&d);
-    assert!(
-        e.contains("model.safetensors") && e.contains("safetensors"),
-        "{e}"
-    );
+    assert!(e.contains("model.safetensors") && e.contains("safetensors"), "{e}");
 
     // Unsupported architecture, and a wrongly typed field.
     let mut c = tiny_config();
     c["model_type"] = json!("gpt2");
     std::fs::write(d.join("config.json"), c.to_string()).unwrap();
     let e = err_of(&d);
-    assert!(
-        e.contains("config.json") && e.contains("model_type") && e.contains("gpt2"),
-        "{e}"
-    );
+    assert!(e.contains("config.json") && e.contains("model_type") && e.contains("gpt2"), "{e}");
     let mut c = tiny_config();
     c["hidden_size"] = json!("big");
     std::fs::write(d.join("config.json"), c.to_string()).unwrap();
@@ -150,16 +118,8 @@ fn bad_model_directories_are_named_errors() {
 
 fn loss(p: &Policy) -> Tensor {
     let reqs = [
-        ScoreRequest {
-            prompt: &[1, 5, 7],
-            response: &[9, 10, 2],
-            loss_mask: None,
-        },
-        ScoreRequest {
-            prompt: &[1, 3],
-            response: &[11, 12, 13, 2],
-            loss_mask: None,
-        },
+        ScoreRequest { prompt: &[1, 5, 7], response: &[9, 10, 2], loss_mask: None },
+        ScoreRequest { prompt: &[1, 3], response: &[11, 12, 13, 2], loss_mask: None },
     ];
     let s = score(&p.lm, &reqs, 1.0, Mode::TRAIN);
     -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float)
@@ -177,12 +137,7 @@ fn train_steps(p: &Policy, opt: &mut AdamW, n: usize) {
 #[test]
 fn checkpoints_resume_bit_identically_and_detect_corruption() {
     let root = tmpdir("ckpt");
-    let lora = LoraConfig {
-        rank: 2,
-        alpha: 4.0,
-        dropout: 0.0,
-        target_modules: vec!["q_proj".into(), "v_proj".into()],
-    };
+    let lora = LoraConfig { rank: 2, alpha: 4.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "v_proj".into()] };
     // Run A: 4 steps straight. Run B: 2 steps, checkpoint, fresh process state, load, 2 steps.
     let a = tiny_policy(Some(lora.clone()));
     let mut oa = AdamW::new(a.trainable_parameters(), AdamWConfig::default());
@@ -191,14 +146,7 @@ fn checkpoints_resume_bit_identically_and_detect_corruption() {
     let b = tiny_policy(Some(lora.clone()));
     let mut ob = AdamW::new(b.trainable_parameters(), AdamWConfig::default());
     train_steps(&b, &mut ob, 2);
-    let dir = checkpoint::save(
-        &root,
-        2,
-        &b.trainable_parameters(),
-        &ob,
-        &json!({"rng": [1, 2]}),
-    )
-    .unwrap();
+    let dir = checkpoint::save(&root, 2, &b.trainable_parameters(), &ob, &json!({"rng": [1, 2]})).unwrap();
     assert_eq!(checkpoint::latest(&root).unwrap().unwrap(), dir);
 
     let c = tiny_policy(Some(lora));
@@ -206,11 +154,7 @@ fn checkpoints_resume_bit_identically_and_detect_corruption() {
     let (step, state) = checkpoint::load(&dir, &c.trainable_parameters(), &mut oc).unwrap();
     assert_eq!((step, state), (2, json!({"rng": [1, 2]})));
     train_steps(&c, &mut oc, 2);
-    for ((n, x), (_, y)) in a
-        .trainable_parameters()
-        .iter()
-        .zip(c.trainable_parameters())
-    {
+    for ((n, x), (_, y)) in a.trainable_parameters().iter().zip(c.trainable_parameters()) {
         assert!(x.equal(&y), "{n} differs after resume");
     }
 
@@ -238,18 +182,13 @@ fn checkpoints_resume_bit_identically_and_detect_corruption() {
 #[test]
 fn lora_export_loads_in_transformers_with_adapters_merged() {
     let root = tmpdir("export");
-    let lora = LoraConfig {
-        rank: 4,
-        alpha: 8.0,
-        dropout: 0.0,
-        target_modules: vec!["q_proj".into(), "down_proj".into()],
-    };
+    let lora =
+        LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "down_proj".into()] };
     let p = tiny_policy(Some(lora));
     tch::no_grad(|| {
         for (n, t) in p.parameters() {
             if n.contains("lora_B") {
-                t.shallow_clone()
-                    .copy_(&(Tensor::randn(t.size(), (Kind::Float, t.device())) * 0.2));
+                t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Float, t.device())) * 0.2));
             }
         }
     });
@@ -265,8 +204,7 @@ fn lora_export_loads_in_transformers_with_adapters_merged() {
     let ours = knowrl_engine::generate::full_logits(&p.lm, &prompts);
     let base_off = tch::no_grad(|| {
         let b = knowrl_engine::score::PackedBatch::new(&prompts, tch::Device::Cpu);
-        let h =
-            p.lm.forward_hidden(&b.ids, &b.positions, &b.mask, None, Mode::REFERENCE);
+        let h = p.lm.forward_hidden(&b.ids, &b.positions, &b.mask, None, Mode::REFERENCE);
         p.lm.logits(&h)
     });
     for (i, pr) in prompts.iter().enumerate() {
@@ -277,7 +215,5 @@ fn lora_export_loads_in_transformers_with_adapters_merged() {
         let off = base_off.get(i as i64).narrow(0, 0, pr.len() as i64);
         assert!(max_abs_diff(&off, &r[&format!("logits.{i}")]) > 1e-3);
     }
-    assert!(!out
-        .with_extension(format!("tmp{}", std::process::id()))
-        .exists());
+    assert!(!out.with_extension(format!("tmp{}", std::process::id())).exists());
 }

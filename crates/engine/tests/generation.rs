@@ -18,11 +18,7 @@ fn tiny(model_type: &str) -> Policy {
 }
 
 fn prompts() -> Vec<Vec<u32>> {
-    vec![
-        vec![3, 4, 5, 6, 7, 8, 9],
-        vec![10, 11],
-        vec![12, 13, 14, 15],
-    ]
+    vec![vec![3, 4, 5, 6, 7, 8, 9], vec![10, 11], vec![12, 13, 14, 15]]
 }
 
 /// Log-probs recomputed without a cache, from the concatenated sequence, for every generated token.
@@ -32,8 +28,7 @@ fn recomputed_logprobs(p: &Policy, prompt: &[u32], gen: &[u32], temperature: f64
     (0..gen.len())
         .map(|t| {
             let row = logits.get((prompt.len() + t - 1) as i64) / temperature;
-            row.log_softmax(-1, Kind::Float)
-                .double_value(&[gen[t] as i64]) as f32
+            row.log_softmax(-1, Kind::Float).double_value(&[gen[t] as i64]) as f32
         })
         .collect()
 }
@@ -43,24 +38,12 @@ fn cached_generation_equals_uncached_recomputation() {
     for mt in ["llama", "qwen2", "qwen3"] {
         let p = tiny(mt);
         // Greedy: each token is the argmax of the uncached logits, log-probs agree.
-        let gens = generate(
-            &p.lm,
-            None,
-            &prompts(),
-            &SamplingParams::greedy(12),
-            &[0, 0, 0],
-            &[],
-            0,
-        )
-        .unwrap();
+        let gens = generate(&p.lm, None, &prompts(), &SamplingParams::greedy(12), &[0, 0, 0], &[], 0).unwrap();
         for (pr, g) in prompts().iter().zip(&gens) {
             let seq = [pr.as_slice(), &g.tokens].concat();
             let logits = full_logits(&p.lm, &[seq]).get(0);
             for t in 0..g.tokens.len() {
-                let arg = logits
-                    .get((pr.len() + t - 1) as i64)
-                    .argmax(-1, false)
-                    .int64_value(&[]);
+                let arg = logits.get((pr.len() + t - 1) as i64).argmax(-1, false).int64_value(&[]);
                 assert_eq!(arg as u32, g.tokens[t], "{mt}: step {t}");
             }
             let lp = recomputed_logprobs(&p, pr, &g.tokens, 1.0);
@@ -70,11 +53,7 @@ fn cached_generation_equals_uncached_recomputation() {
             assert_eq!(g.finish, Finish::Length);
         }
         // Sampling at temperature 0.7: the sampler's log-probs are the tempered policy's.
-        let params = SamplingParams {
-            temperature: 0.7,
-            max_new_tokens: 10,
-            ..Default::default()
-        };
+        let params = SamplingParams { temperature: 0.7, max_new_tokens: 10, ..Default::default() };
         let gens = generate(&p.lm, None, &prompts(), &params, &[1, 2, 3], &[], 0).unwrap();
         for (pr, g) in prompts().iter().zip(&gens) {
             let lp = recomputed_logprobs(&p, pr, &g.tokens, 0.7);
@@ -88,11 +67,7 @@ fn cached_generation_equals_uncached_recomputation() {
 #[test]
 fn per_sequence_seeds_are_reproducible_and_batch_independent() {
     let p = tiny("llama");
-    let params = SamplingParams {
-        temperature: 1.0,
-        max_new_tokens: 16,
-        ..Default::default()
-    };
+    let params = SamplingParams { temperature: 1.0, max_new_tokens: 16, ..Default::default() };
     let a = generate(&p.lm, None, &prompts(), &params, &[5, 6, 7], &[], 0).unwrap();
     let b = generate(&p.lm, None, &prompts(), &params, &[5, 6, 7], &[], 0).unwrap();
     assert_eq!(a, b);
@@ -100,10 +75,7 @@ fn per_sequence_seeds_are_reproducible_and_batch_independent() {
     let alone = generate(&p.lm, None, &prompts()[1..2], &params, &[6], &[], 0).unwrap();
     assert_eq!(alone[0].tokens, a[1].tokens);
     let c = generate(&p.lm, None, &prompts(), &params, &[8, 6, 7], &[], 0).unwrap();
-    assert_ne!(
-        a[0].tokens, c[0].tokens,
-        "a different seed must change the sample"
-    );
+    assert_ne!(a[0].tokens, c[0].tokens, "a different seed must change the sample");
 }
 
 #[test]
@@ -117,32 +89,15 @@ fn resuming_after_an_observation_equals_generating_from_the_concatenation() {
         let lens = [3usize, 5, 4];
         let params: Vec<SamplingParams> = lens.iter().map(|&n| SamplingParams::greedy(n)).collect();
         let mut rngs = vec![Rng::new(0); 3];
-        let first = s
-            .generate(&[0, 1, 2], &params, &mut rngs, None, &[])
-            .unwrap();
+        let first = s.generate(&[0, 1, 2], &params, &mut rngs, None, &[]).unwrap();
         let obs = vec![vec![40, 41, 42, 43, 44], vec![], vec![50, 51]];
         s.append(&obs).unwrap();
         let second = s
-            .generate(
-                &[0, 2],
-                &[SamplingParams::greedy(6), SamplingParams::greedy(6)],
-                &mut rngs[..2],
-                None,
-                &[],
-            )
+            .generate(&[0, 2], &[SamplingParams::greedy(6), SamplingParams::greedy(6)], &mut rngs[..2], None, &[])
             .unwrap();
         for (k, &r) in [0usize, 2].iter().enumerate() {
             let concat = [pr[r].clone(), first[r].tokens.clone(), obs[r].clone()].concat();
-            let fresh = generate(
-                &p.lm,
-                None,
-                &[concat],
-                &SamplingParams::greedy(6),
-                &[0],
-                &[],
-                0,
-            )
-            .unwrap();
+            let fresh = generate(&p.lm, None, &[concat], &SamplingParams::greedy(6), &[0], &[], 0).unwrap();
             assert_eq!(second[k].tokens, fresh[0].tokens, "{mt} row {r}");
             for (a, b) in second[k].logprobs.iter().zip(&fresh[0].logprobs) {
                 assert!((a - b).abs() < 1e-4, "{mt} row {r}: {a} vs {b}");
@@ -156,12 +111,7 @@ fn stop_strings_and_eos_end_generation_on_real_model() {
     let dir = real_model("smollm2-135m-instruct");
     let p = Policy::load(&dir, &LoadOptions::default()).unwrap();
     let tok = p.tokenizer().unwrap();
-    let text = tok
-        .apply_chat_template(
-            &[Message::new("user", "What is the capital of France?")],
-            true,
-        )
-        .unwrap();
+    let text = tok.apply_chat_template(&[Message::new("user", "What is the capital of France?")], true).unwrap();
     let prompt = tok.encode(&text, false).unwrap();
     let full = generate(
         &p.lm,
@@ -173,27 +123,10 @@ fn stop_strings_and_eos_end_generation_on_real_model() {
         tok.pad_id,
     )
     .unwrap();
-    assert_eq!(
-        full[0].finish,
-        Finish::Eos,
-        "{:?}",
-        tok.decode(&full[0].tokens, false)
-    );
+    assert_eq!(full[0].finish, Finish::Eos, "{:?}", tok.decode(&full[0].tokens, false));
     assert_eq!(*full[0].tokens.last().unwrap(), tok.eos_ids[0]);
-    let params = SamplingParams {
-        stop: vec!["France".into()],
-        ..SamplingParams::greedy(24)
-    };
-    let cut = generate(
-        &p.lm,
-        Some(tok),
-        &[prompt],
-        &params,
-        &[0],
-        &tok.eos_ids,
-        tok.pad_id,
-    )
-    .unwrap();
+    let params = SamplingParams { stop: vec!["France".into()], ..SamplingParams::greedy(24) };
+    let cut = generate(&p.lm, Some(tok), &[prompt], &params, &[0], &tok.eos_ids, tok.pad_id).unwrap();
     assert_eq!(cut[0].finish, Finish::Stop);
     let t = tok.decode(&cut[0].tokens, false).unwrap();
     assert!(t.ends_with("France"), "{t:?}");

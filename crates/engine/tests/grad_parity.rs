@@ -63,55 +63,32 @@ fn batch() -> Vec<(Vec<u32>, Vec<u32>, Vec<bool>)> {
 
 fn rust_loss(p: &Policy) -> Tensor {
     let b = batch();
-    let reqs: Vec<ScoreRequest> = b
-        .iter()
-        .map(|(pr, r, m)| ScoreRequest {
-            prompt: pr,
-            response: r,
-            loss_mask: Some(m),
-        })
-        .collect();
+    let reqs: Vec<ScoreRequest> =
+        b.iter().map(|(pr, r, m)| ScoreRequest { prompt: pr, response: r, loss_mask: Some(m) }).collect();
     let s = score(&p.lm, &reqs, 1.0, Mode::TRAIN);
     -(&s.logprobs * &s.mask).sum(Kind::Double) / s.mask.sum(Kind::Double)
 }
 
 fn check_case(model_type: &str, lora: Option<LoraConfig>, dir: &Path) -> Value {
     let cfg = DecoderConfig::from_value(&dir.join("config.json"), config(model_type)).unwrap();
-    let opts = LoadOptions {
-        dtype: Kind::Double,
-        lora: lora.clone(),
-        ..Default::default()
-    };
+    let opts = LoadOptions { dtype: Kind::Double, lora: lora.clone(), ..Default::default() };
     let p = Policy::random(&cfg, &opts, 7);
     if lora.is_some() {
         // B starts at zero in PEFT; make it non-zero so A receives a gradient too.
         tch::no_grad(|| {
             for (n, t) in p.parameters() {
                 if n.contains("lora_B") {
-                    t.shallow_clone()
-                        .copy_(&(Tensor::randn(t.size(), (Kind::Double, t.device())) * 0.1));
+                    t.shallow_clone().copy_(&(Tensor::randn(t.size(), (Kind::Double, t.device())) * 0.1));
                 }
             }
         });
     }
     // The base weights as a plain HF directory; adapters beside them for the Python side.
-    let base: Vec<(String, Tensor)> = p
-        .parameters()
-        .into_iter()
-        .filter(|(n, _)| !n.contains("lora_"))
-        .collect();
+    let base: Vec<(String, Tensor)> = p.parameters().into_iter().filter(|(n, _)| !n.contains("lora_")).collect();
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string(&config(model_type)).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), serde_json::to_string(&config(model_type)).unwrap()).unwrap();
     write_atomic(&dir.join("model.safetensors"), &base).unwrap();
-    let adapters: Vec<(String, Tensor)> = p
-        .parameters()
-        .into_iter()
-        .filter(|(n, _)| n.contains("lora_"))
-        .collect();
+    let adapters: Vec<(String, Tensor)> = p.parameters().into_iter().filter(|(n, _)| n.contains("lora_")).collect();
     if !adapters.is_empty() {
         write_atomic(&dir.join("adapters.safetensors"), &adapters).unwrap();
     }
@@ -123,17 +100,11 @@ fn check_case(model_type: &str, lora: Option<LoraConfig>, dir: &Path) -> Value {
     }
     for (n, t) in p.parameters() {
         if lora.is_some() && !n.contains("lora_") {
-            assert!(
-                !t.grad().defined(),
-                "frozen base parameter {n} received a gradient"
-            );
+            assert!(!t.grad().defined(), "frozen base parameter {n} received a gradient");
         }
     }
     write_atomic(&dir.join("ours.safetensors"), &grads).unwrap();
-    let b: Vec<Value> = batch()
-        .iter()
-        .map(|(pr, r, m)| json!({"prompt": pr, "response": r, "mask": m}))
-        .collect();
+    let b: Vec<Value> = batch().iter().map(|(pr, r, m)| json!({"prompt": pr, "response": r, "mask": m})).collect();
     json!({"kind": "grads", "model": dir, "batch": b, "lora": lora, "out": dir.join("ref.safetensors")})
 }
 
@@ -145,26 +116,15 @@ fn gradients_match_pytorch_in_float64() {
         rank: 4,
         alpha: 8.0,
         dropout: 0.0,
-        target_modules: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-        .map(String::from)
-        .to_vec(),
+        target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            .map(String::from)
+            .to_vec(),
     };
     let mut jobs = vec![];
     let mut dirs = vec![];
     for mt in ["llama", "qwen2", "qwen3"] {
         for l in [None, Some(lora.clone())] {
-            let d = root.join(format!(
-                "{mt}-{}",
-                if l.is_some() { "lora" } else { "full" }
-            ));
+            let d = root.join(format!("{mt}-{}", if l.is_some() { "lora" } else { "full" }));
             jobs.push(check_case(mt, l, &d));
             dirs.push(d);
         }
@@ -176,42 +136,18 @@ fn gradients_match_pytorch_in_float64() {
         let mut names: Vec<&String> = ours.keys().collect();
         names.sort();
         let theirs_names: std::collections::BTreeSet<&String> = theirs.keys().collect();
-        assert_eq!(
-            names
-                .iter()
-                .copied()
-                .collect::<std::collections::BTreeSet<_>>(),
-            theirs_names,
-            "{}",
-            d.display()
-        );
+        assert_eq!(names.iter().copied().collect::<std::collections::BTreeSet<_>>(), theirs_names, "{}", d.display());
         let mut worst = (0.0f64, String::new());
         for n in names {
             let (a, b) = (&ours[n], &theirs[n]);
             let rel = (a - b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30);
-            assert!(
-                b.abs().max().double_value(&[]) > 0.0,
-                "{n}: reference gradient is all zero in {}",
-                d.display()
-            );
+            assert!(b.abs().max().double_value(&[]) > 0.0, "{n}: reference gradient is all zero in {}", d.display());
             if rel > worst.0 {
                 worst = (rel, n.clone());
             }
         }
-        println!(
-            "{}: {} tensors, worst relative error {:.2e} ({})",
-            d.display(),
-            ours.len(),
-            worst.0,
-            worst.1
-        );
-        assert!(
-            worst.0 <= 1e-5,
-            "{}: {} relative error {}",
-            d.display(),
-            worst.1,
-            worst.0
-        );
+        println!("{}: {} tensors, worst relative error {:.2e} ({})", d.display(), ours.len(), worst.0, worst.1);
+        assert!(worst.0 <= 1e-5, "{}: {} relative error {}", d.display(), worst.1, worst.0);
     }
 }
 
@@ -219,24 +155,12 @@ fn gradients_match_pytorch_in_float64() {
 fn adamw_matches_torch_optim() {
     let root = tmpdir("adamw");
     tch::manual_seed(3);
-    let names = [
-        "model.layers.0.mlp.up_proj.weight",
-        "model.norm.weight",
-        "model.layers.0.self_attn.q_proj.bias",
-    ];
+    let names = ["model.layers.0.mlp.up_proj.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.bias"];
     let params: Vec<(String, Tensor)> = names
         .iter()
-        .map(|n| {
-            (
-                n.to_string(),
-                Tensor::randn([5, 3], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true),
-            )
-        })
+        .map(|n| (n.to_string(), Tensor::randn([5, 3], (Kind::Double, tch::Device::Cpu)).set_requires_grad(true)))
         .collect();
-    let grads: Vec<Tensor> = params
-        .iter()
-        .map(|_| Tensor::randn([5, 3], (Kind::Double, tch::Device::Cpu)))
-        .collect();
+    let grads: Vec<Tensor> = params.iter().map(|_| Tensor::randn([5, 3], (Kind::Double, tch::Device::Cpu))).collect();
     let mut saved = vec![];
     for ((n, p), g) in params.iter().zip(&grads) {
         saved.push((format!("param.{n}"), p.detach().copy()));
@@ -244,23 +168,13 @@ fn adamw_matches_torch_optim() {
     }
     write_atomic(&root.join("in.safetensors"), &saved).unwrap();
     let mut opt = AdamW::new(
-        params
-            .iter()
-            .map(|(n, p)| (n.clone(), p.shallow_clone()))
-            .collect(),
-        AdamWConfig {
-            weight_decay: 0.1,
-            ..Default::default()
-        },
+        params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect(),
+        AdamWConfig { weight_decay: 0.1, ..Default::default() },
     );
     for _ in 0..3 {
         opt.zero_grad();
         // d/dp Σ p·g = g: sets each gradient to the fixed g through autograd.
-        let loss: Tensor = params
-            .iter()
-            .zip(&grads)
-            .map(|((_, p), g)| (p * g).sum(Kind::Double))
-            .sum();
+        let loss: Tensor = params.iter().zip(&grads).map(|((_, p), g)| (p * g).sum(Kind::Double)).sum();
         loss.backward();
         opt.step(0.05);
     }

@@ -14,9 +14,7 @@ use std::collections::BTreeMap;
 
 fn chat(p: &Policy, user: &str) -> Vec<u32> {
     let tok = p.tokenizer().unwrap();
-    let text = tok
-        .apply_chat_template(&[Message::new("user", user)], true)
-        .unwrap();
+    let text = tok.apply_chat_template(&[Message::new("user", user)], true).unwrap();
     tok.encode(&text, false).unwrap()
 }
 
@@ -31,10 +29,7 @@ fn smollm2_logits_and_greedy_match_transformers() {
         chat(&policy, "What is the capital of France?"),
         chat(&policy, "Name three colours."),
         tok.encode("The quick brown fox", false).unwrap(),
-        chat(
-            &policy,
-            "Who wrote the novel Pride and Prejudice, and in which year was it published?",
-        ),
+        chat(&policy, "Who wrote the novel Pride and Prejudice, and in which year was it published?"),
     ];
     let tmp = tmpdir("smollm2");
     let out = tmp.join("ref.safetensors");
@@ -56,26 +51,13 @@ fn smollm2_logits_and_greedy_match_transformers() {
     assert!(worst <= 1e-4, "logit max abs diff {worst}");
 
     // Greedy: batched, KV-cached, left-padded; identical tokens.
-    let gens = generate(
-        &policy.lm,
-        Some(tok),
-        &prompts,
-        &SamplingParams::greedy(32),
-        &[0; 4],
-        &tok.eos_ids,
-        tok.pad_id,
-    )
-    .unwrap();
+    let gens =
+        generate(&policy.lm, Some(tok), &prompts, &SamplingParams::greedy(32), &[0; 4], &tok.eos_ids, tok.pad_id)
+            .unwrap();
     for (i, g) in gens.iter().enumerate() {
         let want: Vec<i64> = Vec::try_from(&reference[&format!("greedy.{i}")]).unwrap();
         let got: Vec<i64> = g.tokens.iter().map(|&t| t as i64).collect();
-        assert_eq!(
-            got,
-            want,
-            "prompt {i}: ours {:?} vs HF {:?}",
-            tok.decode(&g.tokens, false),
-            want
-        );
+        assert_eq!(got, want, "prompt {i}: ours {:?} vs HF {:?}", tok.decode(&g.tokens, false), want);
     }
     println!("answer: {}", tok.decode(&gens[0].tokens, true).unwrap());
 }
@@ -98,10 +80,7 @@ fn minilm_embeddings_match_sentence_transformers() {
     .collect();
     let tmp = tmpdir("minilm");
     let out = tmp.join("emb.safetensors");
-    run_reference(
-        &json!([{ "kind": "embed", "model": dir, "texts": texts, "out": out }]),
-        &tmp,
-    );
+    run_reference(&json!([{ "kind": "embed", "model": dir, "texts": texts, "out": out }]), &tmp);
     let reference = &read_all(&out).unwrap()["embeddings"];
     let ours = tch::no_grad(|| enc.embed(&texts, knowrl_engine::Mode::EVAL)).unwrap();
     let cos = tch::Tensor::cosine_similarity(&ours, reference, 1, 1e-12);
@@ -169,22 +148,13 @@ const QWEN25_TEMPLATE: &str = r#"{%- if tools %}
 fn template_cases() -> Vec<(Vec<Message>, bool)> {
     let sys = Message::new("system", "Answer with <answer> Beijing </answer> tags.");
     let u = Message::new("user", "  Where was  Ada born? \n");
-    let a = Message::new(
-        "assistant",
-        "<think>hmm</think>\n<search> Ada birthplace </search>",
-    );
-    let t = Message::new(
-        "tool",
-        "<information>Doc 1(Title: Ada) born in London</information>",
-    );
+    let a = Message::new("assistant", "<think>hmm</think>\n<search> Ada birthplace </search>");
+    let t = Message::new("tool", "<information>Doc 1(Title: Ada) born in London</information>");
     vec![
         (vec![u.clone()], true),
         (vec![sys.clone(), u.clone()], true),
         (vec![sys.clone(), u.clone(), a.clone()], false),
-        (
-            vec![u.clone(), a.clone(), t.clone(), t.clone(), u.clone()],
-            true,
-        ),
+        (vec![u.clone(), a.clone(), t.clone(), t.clone(), u.clone()], true),
         (vec![Message::new("user", "ünïcødé ✓ \"quotes\"")], false),
     ]
 }
@@ -194,10 +164,7 @@ fn chat_templates_render_like_transformers() {
     let tmp = tmpdir("template");
     let smol = real_model("smollm2-135m-instruct");
     let cases = template_cases();
-    let jcases: Vec<_> = cases
-        .iter()
-        .map(|(m, g)| json!({"messages": m, "add_generation_prompt": g}))
-        .collect();
+    let jcases: Vec<_> = cases.iter().map(|(m, g)| json!({"messages": m, "add_generation_prompt": g})).collect();
     let specials = json!({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"});
     run_reference(
         &json!([
@@ -207,22 +174,12 @@ fn chat_templates_render_like_transformers() {
         ]),
         &tmp,
     );
-    let smol_ref: Vec<String> =
-        serde_json::from_str(&std::fs::read_to_string(tmp.join("smol.json")).unwrap()).unwrap();
-    let qwen_ref: Vec<String> =
-        serde_json::from_str(&std::fs::read_to_string(tmp.join("qwen.json")).unwrap()).unwrap();
+    let smol_ref: Vec<String> = serde_json::from_str(&std::fs::read_to_string(tmp.join("smol.json")).unwrap()).unwrap();
+    let qwen_ref: Vec<String> = serde_json::from_str(&std::fs::read_to_string(tmp.join("qwen.json")).unwrap()).unwrap();
     let tok = knowrl_engine::Tokenizer::from_dir(&smol).unwrap();
     let specials: BTreeMap<String, String> = serde_json::from_value(specials).unwrap();
     for (i, (m, g)) in cases.iter().enumerate() {
-        assert_eq!(
-            tok.apply_chat_template(m, *g).unwrap(),
-            smol_ref[i],
-            "SmolLM2 case {i}"
-        );
-        assert_eq!(
-            render_chat_template(QWEN25_TEMPLATE, m, *g, &specials).unwrap(),
-            qwen_ref[i],
-            "Qwen2.5 case {i}"
-        );
+        assert_eq!(tok.apply_chat_template(m, *g).unwrap(), smol_ref[i], "SmolLM2 case {i}");
+        assert_eq!(render_chat_template(QWEN25_TEMPLATE, m, *g, &specials).unwrap(), qwen_ref[i], "Qwen2.5 case {i}");
     }
 }

@@ -29,14 +29,7 @@ pub struct Bert {
 
 impl Bert {
     pub fn new(root: &Path, cfg: &BertConfig, lora: Option<&LoraConfig>, random: bool) -> Bert {
-        let init = if random {
-            Init::Randn {
-                mean: 0.0,
-                stdev: 0.02,
-            }
-        } else {
-            Init::Const(0.0)
-        };
+        let init = if random { Init::Randn { mean: 0.0, stdev: 0.02 } } else { Init::Const(0.0) };
         let (d, eps) = (cfg.hidden_size, cfg.layer_norm_eps);
         let e = root / "embeddings";
         let layers = (0..cfg.num_layers)
@@ -58,30 +51,15 @@ impl Bert {
                         lora,
                         random,
                     ),
-                    output: Linear::new(
-                        &(&p / "output"),
-                        "dense",
-                        (cfg.intermediate_size, d),
-                        true,
-                        lora,
-                        random,
-                    ),
+                    output: Linear::new(&(&p / "output"), "dense", (cfg.intermediate_size, d), true, lora, random),
                     output_norm: LayerNorm::new(&(&p / "output" / "LayerNorm"), d, eps),
                 }
             })
             .collect();
         Bert {
             word_embeddings: (&e / "word_embeddings").var("weight", &[cfg.vocab_size, d], init),
-            position_embeddings: (&e / "position_embeddings").var(
-                "weight",
-                &[cfg.max_position_embeddings, d],
-                init,
-            ),
-            token_type_embeddings: (&e / "token_type_embeddings").var(
-                "weight",
-                &[cfg.type_vocab_size, d],
-                init,
-            ),
+            position_embeddings: (&e / "position_embeddings").var("weight", &[cfg.max_position_embeddings, d], init),
+            token_type_embeddings: (&e / "token_type_embeddings").var("weight", &[cfg.type_vocab_size, d], init),
             embed_norm: LayerNorm::new(&(&e / "LayerNorm"), d, eps),
             layers,
             n_heads: cfg.num_heads,
@@ -105,16 +83,7 @@ impl Bert {
             let q = heads(l.query.forward(&x, mode));
             let k = heads(l.key.forward(&x, mode));
             let v = heads(l.value.forward(&x, mode));
-            let a = Tensor::scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                Some(&mask),
-                0.0,
-                false,
-                None,
-                false,
-            );
+            let a = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, None, false);
             let a = a.transpose(1, 2).reshape([b, t, -1]);
             x = l.attn_norm.forward(&(l.attn_out.forward(&a, mode) + &x));
             let h = l.intermediate.forward(&x, mode).gelu("none");

@@ -5,24 +5,17 @@
 use std::path::{Path, PathBuf};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
 }
 
 pub fn python() -> PathBuf {
-    std::env::var_os("KNOWRL_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".venv/bin/python"))
+    std::env::var_os("KNOWRL_PYTHON").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".venv/bin/python"))
 }
 
 pub fn models_dir() -> PathBuf {
     std::env::var_os("KNOWRL_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/knowrl/models")
-        })
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/knowrl/models"))
 }
 
 /// A real model directory; panics with the command to run when it is missing.
@@ -54,16 +47,9 @@ pub fn run_reference(jobs: &serde_json::Value, dir: &Path) {
         .env("TRANSFORMERS_OFFLINE", "1")
         .output()
         .expect("cannot start the reference Python (run `make setup`)");
-    assert!(
-        out.status.success(),
-        "reference failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "reference failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
 pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
-    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
+    (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double)).abs().max().double_value(&[])
 }
