@@ -31,6 +31,7 @@ test: models lint
 
 bench: models build
 	target/release/knowrl bench engine --out bench/results/engine.json
+	target/release/knowrl bench retrieval --out bench/results/retrieval.json
 
 fmt:
 	$(CARGO) fmt --all

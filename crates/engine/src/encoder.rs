@@ -142,6 +142,32 @@ impl Encoder {
     }
 }
 
+impl Encoder {
+    /// The adapter tensors (LoRA A/B), sorted by name.
+    pub fn adapter_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(n, _)| is_lora_param(n)).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Saves only the adapter (a few hundred KB): the base encoder and the passage index are
+    /// untouched by query-side training, so this file is all a trained retriever adds.
+    pub fn save_adapter(&self, path: &Path) -> Result<()> {
+        let params = self.adapter_parameters();
+        if params.is_empty() {
+            return Err(EngineError::Invalid("save_adapter: the encoder has no LoRA adapter".into()));
+        }
+        weights::write_atomic(path, &params)
+    }
+
+    /// Loads an adapter saved by [`Encoder::save_adapter`] (the encoder must have been loaded
+    /// with the same LoRA configuration).
+    pub fn load_adapter(&self, path: &Path) -> Result<()> {
+        let named: std::collections::HashMap<String, Tensor> = self.adapter_parameters().into_iter().collect();
+        weights::load_into(&[path.to_path_buf()], &named, |_| false, |_| false)
+    }
+}
+
 fn read_opt(p: &Path) -> Result<Option<Value>> {
     if p.exists() {
         read_json(p).map(Some)

@@ -35,19 +35,24 @@ fn flat_search_is_exact_against_brute_force() {
     tch::manual_seed(0);
     let (n, dim, k) = (3001usize, 48usize, 10usize);
     let vecs = Tensor::randn([n as i64, dim as i64], (Kind::Float, tch::Device::Cpu));
-    let queries = Tensor::randn([17, dim as i64], (Kind::Float, tch::Device::Cpu));
-    for dtype in [VecDtype::F32, VecDtype::F16] {
+    // 40 queries: above the bf16-screening threshold, so both search paths are exercised.
+    let nq = 40;
+    let queries = Tensor::randn([nq, dim as i64], (Kind::Float, tch::Device::Cpu));
+    for (dtype, screen) in
+        [(VecDtype::F32, true), (VecDtype::F32, false), (VecDtype::F16, true), (VecDtype::F16, false)]
+    {
         // Round through the storage dtype first so both sides see the same stored vectors.
         let stored =
             if dtype == VecDtype::F16 { vecs.to_kind(Kind::Half).to_kind(Kind::Float) } else { vecs.shallow_clone() };
         let mut idx = FlatIndex::from_tensor(&stored, dtype);
-        idx.chunk = 700; // several chunks: exercises the running top-k merge
+        idx.chunk = 700; // several chunks: exercises the per-chunk top-k and the merge
+        idx.screen = screen;
         let (scores, ids) = idx.search(&queries, k);
         let v: Vec<f32> = Vec::try_from(stored.view(-1)).unwrap();
-        for qi in 0..17 {
+        for qi in 0..nq as usize {
             let q: Vec<f32> = Vec::try_from(queries.get(qi as i64)).unwrap();
             let bf = brute_force(&v, &q, dim, k);
-            assert_eq!(ids[qi], bf.iter().map(|x| x.0).collect::<Vec<_>>(), "{dtype:?} query {qi}");
+            assert_eq!(ids[qi], bf.iter().map(|x| x.0).collect::<Vec<_>>(), "{dtype:?} screen={screen} query {qi}");
             for (s, b) in scores[qi].iter().zip(&bf) {
                 assert!((*s as f64 - b.1).abs() < 1e-4, "{dtype:?}: {s} vs {}", b.1);
             }
