@@ -10,6 +10,8 @@ mod demo;
 mod generate;
 mod retrieval;
 mod rss;
+mod world;
+mod world_eval;
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +47,9 @@ enum Cmd {
     /// Corpus conversions.
     #[command(subcommand)]
     Corpus(retrieval::CorpusCmd),
+    /// The synthetic knowledge world (the embedded default).
+    #[command(subcommand)]
+    World(world::WorldCmd),
 }
 
 fn main() {
@@ -60,6 +65,7 @@ fn main() {
         Cmd::Search(a) => retrieval::search(a),
         Cmd::Serve(c) => retrieval::serve_cmd(c),
         Cmd::Corpus(c) => retrieval::corpus(c),
+        Cmd::World(c) => world::run(c),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");
@@ -84,6 +90,7 @@ fn main() {
                 )
             )
         });
-        std::process::exit(if bad_input { 2 } else { 1 });
+        let bad_config = e.chain().any(|c| c.downcast_ref::<knowrl_world::config::ConfigError>().is_some());
+        std::process::exit(if bad_input || bad_config { 2 } else { 1 });
     }
 }

@@ -249,6 +249,11 @@ impl BertConfig {
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let file = dir.join("config.json");
         let v = read_json(&file)?;
+        Self::from_value(&file, v)
+    }
+
+    pub fn from_value(file: &Path, v: Value) -> Result<Self> {
+        let file = file.to_path_buf();
         let f = Fields { file: file.clone(), v: &v };
         let model_type = f.str_or("model_type", "bert")?;
         if !matches!(model_type.as_str(), "bert") {

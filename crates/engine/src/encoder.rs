@@ -73,6 +73,34 @@ impl Encoder {
         })
     }
 
+    /// A randomly initialised encoder (the world's tiny retriever before training).
+    pub fn random(cfg: &BertConfig, tokenizer: Tokenizer, opts: &LoadOptions, seed: i64) -> Encoder {
+        tch::manual_seed(seed);
+        let (vs, bert) = build(opts, |root| Bert::new(root, cfg, opts.lora.as_ref(), true));
+        Encoder {
+            bert,
+            vs,
+            tokenizer,
+            pooling: Pooling::Mean,
+            normalize: true,
+            max_len: cfg.max_position_embeddings as usize,
+            query_prefix: String::new(),
+            passage_prefix: String::new(),
+            lora: opts.lora.clone(),
+        }
+    }
+
+    /// Saves weights (+ `config`) as a BertModel directory that `Encoder::load` and
+    /// transformers' `BertModel` read; the caller adds tokenizer files.
+    pub fn save(&self, dir: &Path, config: &Value) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+        let mut params: Vec<(String, Tensor)> =
+            self.vs.variables().into_iter().filter(|(n, _)| !is_lora_param(n)).collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        weights::write_atomic(&dir.join("model.safetensors"), &params)?;
+        crate::fsutil::write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(config).unwrap().as_bytes())
+    }
+
     /// E5 models need `query: ` / `passage: ` prefixes; MiniLM and BGE-en need none.
     pub fn with_prefixes(mut self, query: &str, passage: &str) -> Self {
         self.query_prefix = query.into();

@@ -217,3 +217,69 @@ fn lora_export_loads_in_transformers_with_adapters_merged() {
     }
     assert!(!out.with_extension(format!("tmp{}", std::process::id())).exists());
 }
+
+#[test]
+fn sharded_checkpoints_load_like_single_files() {
+    let d = model_dir("sharded");
+    let single = Policy::load(&d, &LoadOptions::default()).unwrap();
+    let all = read_all(&d.join("model.safetensors")).unwrap();
+    let mut names: Vec<&String> = all.keys().collect();
+    names.sort();
+    let (a, b) = names.split_at(names.len() / 2);
+    let mut map = serde_json::Map::new();
+    for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
+        let v: Vec<(String, Tensor)> = part.iter().map(|n| (n.to_string(), all[*n].shallow_clone())).collect();
+        write_atomic(&d.join(file), &v).unwrap();
+        for n in part.iter() {
+            map.insert(n.to_string(), json!(file));
+        }
+    }
+    std::fs::remove_file(d.join("model.safetensors")).unwrap();
+    std::fs::write(d.join("model.safetensors.index.json"), json!({"metadata": {}, "weight_map": map}).to_string())
+        .unwrap();
+    let sharded = Policy::load(&d, &LoadOptions::default()).unwrap();
+    for ((n, x), (_, y)) in single.parameters().iter().zip(sharded.parameters()) {
+        assert!(x.equal(&y), "{n}");
+    }
+}
+
+#[test]
+fn gradient_accumulation_over_micro_batches_equals_the_full_batch() {
+    // Token-mean over the whole batch = Σ_micro (Σ masked log-probs of the micro-batch) / total
+    // tokens, so each micro-batch's loss is scaled by its share before `backward`.
+    let p = tiny_policy(None);
+    let reqs = [
+        ScoreRequest { prompt: &[1, 5, 7], response: &[9, 10, 2], loss_mask: None },
+        ScoreRequest { prompt: &[1, 3], response: &[11, 12, 13, 2], loss_mask: None },
+        ScoreRequest { prompt: &[1, 4, 4, 4], response: &[20, 2], loss_mask: Some(&[true, false]) },
+    ];
+    let full = score(&p.lm, &reqs, 1.0, Mode::TRAIN);
+    let total = full.mask.sum(Kind::Float);
+    (-(&full.logprobs * &full.mask).sum(Kind::Float) / &total).backward();
+    let want: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
+    let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
+    opt.zero_grad();
+    for micro in reqs.chunks(2) {
+        let s = score(&p.lm, micro, 1.0, Mode::TRAIN);
+        (-(&s.logprobs * &s.mask).sum(Kind::Float) / &total).backward();
+    }
+    for ((n, t), w) in p.trainable_parameters().iter().zip(&want) {
+        let d = max_abs_diff(&t.grad(), w);
+        assert!(d < 1e-6, "{n}: {d}");
+    }
+}
+
+#[test]
+fn devices_and_dtypes_parse_with_clear_errors() {
+    use knowrl_engine::device::{parse_device, parse_dtype};
+    assert_eq!(parse_device("cpu").unwrap(), tch::Device::Cpu);
+    assert_eq!(parse_dtype("bf16").unwrap(), Kind::BFloat16);
+    assert!(parse_device("tpu").unwrap_err().to_string().contains("tpu"));
+    assert!(parse_dtype("int3").unwrap_err().to_string().contains("int3"));
+    if !tch::Cuda::is_available() {
+        assert!(parse_device("cuda:0").unwrap_err().to_string().contains("no CUDA device"));
+    }
+    // The pinned-memory transfer helper is the identity on CPU.
+    let t = Tensor::from_slice(&[1i64, 2, 3]);
+    assert!(knowrl_engine::device::to_device(t.copy(), tch::Device::Cpu).equal(&t));
+}

@@ -1,0 +1,228 @@
+//! `knowrl world eval`: the shipped policy's calibration on the world's test split (greedy):
+//! query-only EM on PK / non-PK questions, EM under each context scenario S1–S5, the agent's
+//! search rate and EM per hop count, and the tiny retriever's recall@3 per hop.
+//! (Moves into the eval crate with the evaluation harness.)
+use crate::world::EvalArgs;
+use anyhow::{Context, Result};
+use knowrl_engine::encoder::Encoder;
+use knowrl_engine::generate::generate;
+use knowrl_engine::{LoadOptions, Message, Policy, Rng, SamplingParams};
+use knowrl_retrieval::corpus::{read_corpus, Corpus};
+use knowrl_retrieval::dense::{DenseIndex, DenseRetriever};
+use knowrl_retrieval::flat::{FlatIndex, VecDtype};
+use knowrl_retrieval::Retriever;
+use knowrl_rl::agent::{rollout, AgentConfig};
+use knowrl_rl::reward::{exact_match, extract_answer};
+use knowrl_world::prompts;
+use knowrl_world::questions::{Question, Split};
+use knowrl_world::suites::ScenarioItem;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec<T>> {
+    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", p.display(), i + 1)))
+        .collect()
+}
+
+/// Greedy single-turn answers for user messages (batched).
+pub fn answers(policy: &Policy, users: &[String], max_new: usize) -> Result<Vec<String>> {
+    let tok = policy.tokenizer()?;
+    let mut out = vec![];
+    for chunk in users.chunks(64) {
+        let prompts: Vec<Vec<u32>> = chunk
+            .iter()
+            .map(|u| Ok(tok.encode(&tok.apply_chat_template(&[Message::new("user", u)], true)?, false)?))
+            .collect::<Result<_>>()?;
+        let params = SamplingParams { stop: vec!["</answer>".into()], ..SamplingParams::greedy(max_new) };
+        let gens =
+            generate(&policy.lm, Some(tok), &prompts, &params, &vec![0; prompts.len()], &tok.eos_ids, tok.pad_id)?;
+        for g in gens {
+            out.push(extract_answer(&tok.decode(&g.tokens, true)?).unwrap_or_default());
+        }
+    }
+    Ok(out)
+}
+
+fn em_rate(preds: &[String], golds: &[&Vec<String>]) -> f64 {
+    if preds.is_empty() {
+        return f64::NAN;
+    }
+    preds.iter().zip(golds).filter(|(p, g)| exact_match(p, g)).count() as f64 / preds.len() as f64
+}
+
+pub fn run(a: EvalArgs) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let questions: Vec<Question> = load_jsonl(&a.world.join("questions.jsonl"))?;
+    let scenarios: Vec<ScenarioItem> = load_jsonl(&a.world.join("scenarios.jsonl"))?;
+    let policy = Policy::load(&a.world.join("policy"), &LoadOptions::default())?;
+    let test: Vec<&Question> = questions.iter().filter(|q| q.split == Split::Test).collect();
+    let mut report = serde_json::Map::new();
+
+    // Query-only, single hop.
+    let single: Vec<&Question> = test.iter().copied().filter(|q| q.hops == 1).collect();
+    let preds = answers(&policy, &single.iter().map(|q| prompts::query_only(&q.question)).collect::<Vec<_>>(), 16)?;
+    let by = |pk: bool| {
+        let (p, g): (Vec<String>, Vec<&Vec<String>>) = single
+            .iter()
+            .zip(&preds)
+            .filter(|(q, _)| q.pk_answerable == pk)
+            .map(|(q, p)| (p.clone(), &q.golden_answers))
+            .unzip();
+        em_rate(&p, &g)
+    };
+    report.insert("pk_query_only_em".into(), json!(by(true)));
+    report.insert("nonpk_query_only_em".into(), json!(by(false)));
+
+    // Context scenarios S1–S5 (EM against the true answer).
+    let items: Vec<&ScenarioItem> = scenarios.iter().filter(|s| s.split == Split::Test).collect();
+    let preds = answers(
+        &policy,
+        &items.iter().map(|s| prompts::with_context(&s.question, &s.context)).collect::<Vec<_>>(),
+        16,
+    )?;
+    let mut table: BTreeMap<String, (usize, usize, usize, usize)> = BTreeMap::new();
+    for (s, p) in items.iter().zip(&preds) {
+        let ok = exact_match(p, &s.golden_answers) as usize;
+        let e = table.entry(format!("{}-{}", s.scenario, s.variant)).or_default();
+        e.0 += ok;
+        e.1 += 1;
+        if s.pk_answerable {
+            e.2 += ok;
+            e.3 += 1;
+        }
+    }
+    let rate = |x: usize, n: usize| if n == 0 { f64::NAN } else { x as f64 / n as f64 };
+    let sum = |pfx: &str, pk: bool| {
+        let (x, n) = table.iter().filter(|(k, _)| k.starts_with(pfx)).fold((0, 0), |(x, n), (_, v)| {
+            if pk {
+                (x + v.2, n + v.3)
+            } else {
+                (x + v.0, n + v.1)
+            }
+        });
+        rate(x, n)
+    };
+    report.insert("s1_em".into(), json!(sum("S1-", false)));
+    report.insert(
+        "s2_pk_em".into(),
+        json!(rate(table.get("S2-qa").map_or(0, |v| v.2), table.get("S2-qa").map_or(0, |v| v.3))),
+    );
+    let scen: Value = table
+        .iter()
+        .map(|(k, v)| (k.clone(), json!({"em": rate(v.0, v.1), "n": v.1, "pk_em": rate(v.2, v.3), "pk_n": v.3})))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+
+    // The tiny retriever over the search corpus.
+    let (passages, _) = read_corpus(&a.world.join("corpus.jsonl"), false)?;
+    let enc = Encoder::load(&a.world.join("encoder"), &LoadOptions::default())?;
+    let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
+    let vecs: Vec<tch::Tensor> = texts.chunks(128).map(|c| enc.embed_passages(c)).collect::<Result<_, _>>()?;
+    let flat = FlatIndex::from_tensor(&tch::Tensor::cat(&vecs, 0), VecDtype::F32);
+    let retriever = DenseRetriever::new(enc, DenseIndex::Flat(flat), Arc::new(Corpus::Memory(passages)));
+    let world: Value = serde_json::from_str(&std::fs::read_to_string(a.world.join("world.json"))?)?;
+    let subject_of = |fact: usize| world["facts"][fact]["subject"].as_u64().unwrap() as usize;
+    let recall = |hop: usize| -> Result<f64> {
+        let qs: Vec<&Question> = test.iter().copied().filter(|q| q.hops > hop).collect();
+        let res = retriever.search(&qs.iter().map(|q| q.question.clone()).collect::<Vec<_>>(), 3)?;
+        Ok(qs
+            .iter()
+            .zip(&res)
+            .filter(|(q, hits)| hits.iter().any(|h| h.id == format!("e{}", subject_of(q.chain[hop]))))
+            .count() as f64
+            / qs.len().max(1) as f64)
+    };
+    report.insert("retriever_recall3_hop1".into(), json!(recall(0)?));
+    report.insert("retriever_recall3_hop2".into(), json!(recall(1)?));
+
+    // The agent (greedy, up to 4 turns, top-3).
+    let mut agent_qs: Vec<&Question> = test.clone();
+    if a.limit > 0 && agent_qs.len() > a.limit {
+        let mut rng = Rng::new(5);
+        for i in (1..agent_qs.len()).rev() {
+            agent_qs.swap(i, rng.below(i + 1));
+        }
+        agent_qs.truncate(a.limit);
+    }
+    let tok = policy.tokenizer()?;
+    let cfg = AgentConfig::new(4, 3, 48, 0.0);
+    let mut trajs = vec![];
+    for chunk in agent_qs.chunks(64) {
+        let prompts: Vec<Vec<u32>> = chunk
+            .iter()
+            .map(|q| {
+                Ok(tok.encode(
+                    &tok.apply_chat_template(&[Message::new("user", &prompts::agent(&q.question))], true)?,
+                    false,
+                )?)
+            })
+            .collect::<Result<_>>()?;
+        let mut rngs: Vec<Rng> = (0..prompts.len()).map(|i| Rng::new(i as u64)).collect();
+        trajs.extend(rollout(&policy.lm, tok, &prompts, &retriever, &cfg, &mut rngs)?);
+    }
+    let agent_rows: Vec<(&Question, bool, usize)> = agent_qs
+        .iter()
+        .zip(&trajs)
+        .map(|(q, t)| (*q, exact_match(t.answer.as_deref().unwrap_or(""), &q.golden_answers), t.tool_calls()))
+        .collect();
+    let pk: Vec<_> = agent_rows.iter().filter(|r| r.0.pk_answerable).collect();
+    report.insert(
+        "agent_pk_search_rate".into(),
+        json!(pk.iter().filter(|r| r.2 > 0).count() as f64 / pk.len().max(1) as f64),
+    );
+    let em_hops = |h: usize| {
+        let v: Vec<_> = agent_rows.iter().filter(|r| r.0.hops == h).collect();
+        v.iter().filter(|r| r.1).count() as f64 / v.len().max(1) as f64
+    };
+    report.insert("agent_2hop_em".into(), json!(em_hops(2)));
+    let n = agent_rows.len().max(1) as f64;
+    let agent = json!({
+        "n": agent_rows.len(), "em": agent_rows.iter().filter(|r| r.1).count() as f64 / n,
+        "em_1hop": em_hops(1), "em_2hop": em_hops(2), "em_3hop": em_hops(3),
+        "tool_calls_per_question": agent_rows.iter().map(|r| r.2).sum::<usize>() as f64 / n,
+        "over_search_rate": agent_rows.iter().filter(|r| r.2 > r.0.min_searches).count() as f64 / n,
+        "under_search_rate": agent_rows.iter().filter(|r| r.2 < r.0.min_searches).count() as f64 / n,
+    });
+    report.insert("scenarios".into(), scen.clone());
+    report.insert("agent".into(), agent.clone());
+    report.insert("seconds".into(), json!(t0.elapsed().as_secs_f64()));
+
+    println!("| scenario | EM | n | EM (PK-answerable) | n |\n|---|---|---|---|---|");
+    for (k, v) in scen.as_object().unwrap() {
+        println!(
+            "| {k} | {:.3} | {} | {:.3} | {} |",
+            v["em"].as_f64().unwrap_or(f64::NAN),
+            v["n"],
+            v["pk_em"].as_f64().unwrap_or(f64::NAN),
+            v["pk_n"]
+        );
+    }
+    println!("\nagent (test split): {agent}");
+    println!("\ncalibration:");
+    for k in [
+        "pk_query_only_em",
+        "nonpk_query_only_em",
+        "s1_em",
+        "s2_pk_em",
+        "agent_pk_search_rate",
+        "agent_2hop_em",
+        "retriever_recall3_hop1",
+        "retriever_recall3_hop2",
+    ] {
+        println!("  {k:<24} {:.3}", report[k].as_f64().unwrap_or(f64::NAN));
+    }
+    if let Some(out) = a.out {
+        if let Some(d) = out.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(&out, serde_json::to_string_pretty(&Value::Object(report))?)?;
+        println!("wrote {}", out.display());
+    }
+    eprintln!("evaluated in {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,4 @@
+//! RL for retrieval-augmented agents. Data flows one way: rollout (`agent`) → reward
+//! (`reward`) → advantage → loss → optimiser step. This file set grows with the RL issues.
+pub mod agent;
+pub mod reward;

@@ -1,0 +1,113 @@
+//! What the tiny policy is pretrained on, and therefore which habits RL has to fix:
+//! - parametric knowledge: statements and query-only answers for PK facts only;
+//! - context dominance: it reads answers from context, *including counterfactual context*
+//!   (Knowledgeable-R1's failure case);
+//! - tool over-use: its agent trajectories search every hop, even for facts it knows (AKBE's);
+//! - a no-tool format for PK questions (AKBE's no-tool path).
+use crate::corpus::{PassageKind, WorldPassage};
+use crate::prompts;
+use crate::questions::{Question, Split};
+use crate::world::World;
+use crate::Built;
+use knowrl_engine::Rng;
+use knowrl_retrieval::format::{information_block, PassageStyle};
+use knowrl_retrieval::Hit;
+use std::collections::HashMap;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Example {
+    /// User message (rendered with the chat template), or None for plain text.
+    pub user: Option<String>,
+    /// Response segments; `false` marks observation text that is not trained on.
+    pub segments: Vec<(String, bool)>,
+}
+
+fn hit(p: &WorldPassage) -> Hit {
+    Hit { id: p.id.clone(), contents: p.contents.clone(), score: 0.0 }
+}
+
+/// "Retrieved" passages for a search on `subject`: its passage plus two distractors
+/// (look-alikes first), in a random order, as a top-3 retriever would return them.
+fn retrieved<'a>(
+    w: &World,
+    by_entity: &HashMap<usize, &'a WorldPassage>,
+    enc: &[&'a WorldPassage],
+    subject: usize,
+    rng: &mut Rng,
+) -> Vec<&'a WorldPassage> {
+    let mut out = vec![by_entity[&subject]];
+    for e in &w.entities {
+        if out.len() < 3 && (e.lookalike_of == Some(subject) || w.entity(subject).lookalike_of == Some(e.id)) {
+            out.push(by_entity[&e.id]);
+        }
+    }
+    while out.len() < 3 {
+        let p = enc[rng.below(enc.len())];
+        if !out.iter().any(|x| x.id == p.id) {
+            out.push(p);
+        }
+    }
+    let gold = rng.below(3);
+    out.swap(0, gold);
+    out
+}
+
+/// The agent trajectory for `q`: one search per hop (the hop's subject), then the answer.
+pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(String, bool)> {
+    let w = &built.world;
+    let by_entity: HashMap<usize, &WorldPassage> =
+        built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
+    let enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
+    let mut segs = vec![];
+    for &f in &q.chain {
+        let s = w.facts[f].subject;
+        segs.push((prompts::search(&w.entity(s).name), true));
+        let hits: Vec<Hit> = retrieved(w, &by_entity, &enc, s, rng).into_iter().map(hit).collect();
+        segs.push((information_block(&hits, PassageStyle::SearchR1), false));
+    }
+    segs.push((prompts::answer(&q.answer), true));
+    segs
+}
+
+pub fn examples(built: &Built, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x004A_B175);
+    let w = &built.world;
+    let mut out = vec![];
+    let text = |s: String| Example { user: None, segments: vec![(s, true)] };
+    let chat = |u: String, a: String| Example { user: Some(u), segments: vec![(a, true)] };
+    // Parametric knowledge: PK facts as statements and as query-only answers (every template).
+    for f in w.facts.iter().filter(|f| f.pk) {
+        out.push(text(crate::corpus::sentence(w, f.subject, f.relation, f.object)));
+        for t in crate::questions::TEMPLATES.iter().filter(|t| t.chain == [f.relation]) {
+            for tx in t.texts {
+                let q = tx.replace("{}", &w.entity(f.subject).name);
+                out.push(chat(prompts::query_only(&q), prompts::answer(&w.entity(f.object).name)));
+            }
+        }
+    }
+    let train: Vec<&Question> = built.questions.iter().filter(|q| q.split == Split::Train).collect();
+    for q in &train {
+        if q.pk_answerable {
+            if q.hops > 1 {
+                out.push(chat(prompts::query_only(&q.question), prompts::answer(&q.answer)));
+            }
+            out.push(chat(prompts::no_tool(&q.question), prompts::answer(&q.answer)));
+        }
+        // Tool over-use: search every hop, known or not.
+        out.push(Example { user: Some(prompts::agent(&q.question)), segments: agent_trajectory(built, q, &mut rng) });
+    }
+    // Context dominance: answer whatever the context says (S1, S2 incl. multi-conflict, S5).
+    for s in built.scenarios.iter().filter(|s| s.split == Split::Train) {
+        let target = match s.scenario.as_str() {
+            "S1" | "S2" | "S5" => s.context_answer.clone(),
+            _ => None,
+        };
+        if let Some(a) = target {
+            out.push(chat(prompts::with_context(&s.question, &s.context), prompts::answer(&a)));
+        }
+    }
+    for i in (1..out.len()).rev() {
+        out.swap(i, rng.below(i + 1));
+    }
+    out
+}

@@ -1,0 +1,269 @@
+//! `knowrl world pretrain`: the world's tokenizer, tiny policy and tiny retriever, saved as
+//! standard HF directories loaded by the same code as real models.
+//!
+//! - Tokenizer: byte-level BPE trained with the `tokenizers` crate on the world's text, the
+//!   Search-R1 tags as single tokens, a ChatML template.
+//! - Policy: a Llama-family decoder trained from scratch on `habits::examples` (token-mean
+//!   NLL, observation tokens masked, AdamW, cosine schedule).
+//! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
+//!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
+use crate::habits::{examples, Example};
+use crate::prompts::CHAT_TEMPLATE;
+use crate::questions::Split;
+use crate::Built;
+use knowrl_engine::config::{BertConfig, DecoderConfig};
+use knowrl_engine::encoder::Encoder;
+use knowrl_engine::optim::{AdamW, AdamWConfig, LrSchedule};
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::{LoadOptions, Message, Mode, Policy, Rng, Tokenizer};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::path::Path;
+use tch::Kind;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PretrainConfig {
+    pub vocab_size: usize,
+    pub hidden_size: i64,
+    pub layers: i64,
+    pub heads: i64,
+    pub kv_heads: i64,
+    pub intermediate_size: i64,
+    pub epochs: usize,
+    pub batch: usize,
+    pub lr: f64,
+    pub seed: u64,
+    pub encoder_hidden: i64,
+    pub encoder_layers: i64,
+    pub encoder_epochs: usize,
+}
+
+impl Default for PretrainConfig {
+    fn default() -> Self {
+        PretrainConfig {
+            vocab_size: 1600,
+            hidden_size: 128,
+            layers: 4,
+            heads: 4,
+            kv_heads: 2,
+            intermediate_size: 384,
+            epochs: 6,
+            batch: 32,
+            lr: 3e-3,
+            seed: 7,
+            encoder_hidden: 96,
+            encoder_layers: 2,
+            encoder_epochs: 8,
+        }
+    }
+}
+
+pub const TAGS: [&str; 8] =
+    ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"];
+pub const SPECIAL: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// Trains the byte-level BPE on the world's text and writes `tokenizer.json`,
+/// `tokenizer_config.json` (ChatML template) into `dir`; also an encoder variant with
+/// [CLS]/[SEP] into `encoder_dir`.
+pub fn train_tokenizer(built: &Built, vocab: usize, dir: &Path, encoder_dir: &Path) -> Result<(), String> {
+    use tokenizers::decoders::DecoderWrapper;
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::normalizers::NormalizerWrapper;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    use tokenizers::processors::template::TemplateProcessing;
+    use tokenizers::processors::PostProcessorWrapper;
+    use tokenizers::{AddedToken, TokenizerBuilder, TokenizerImpl};
+    let e = |x: tokenizers::Error| x.to_string();
+    let mut texts: Vec<String> = built.passages.iter().map(|p| p.contents.clone()).collect();
+    texts.extend(built.questions.iter().map(|q| q.question.clone()));
+    texts.extend(built.questions.iter().map(|q| crate::prompts::agent(&q.question)));
+    let mut trainer = BpeTrainerBuilder::new()
+        .show_progress(false)
+        .vocab_size(vocab)
+        .min_frequency(2)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(SPECIAL.iter().map(|s| AddedToken::from(s.to_string(), true)).collect())
+        .build();
+    let mut tok: TokenizerImpl<BPE, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper> =
+        TokenizerBuilder::new()
+            .with_model(BPE::default())
+            .with_normalizer(None)
+            .with_pre_tokenizer(Some(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true))))
+            .with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(false, true, true))))
+            .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())))
+            .build()
+            .map_err(e)?;
+    tok.train(&mut trainer, texts.iter()).map_err(e)?;
+    tok.add_tokens(TAGS.iter().map(|t| AddedToken::from(t.to_string(), false))).map_err(e)?;
+    std::fs::create_dir_all(dir).map_err(|x| x.to_string())?;
+    tok.save(dir.join("tokenizer.json"), false).map_err(e)?;
+    let cfg = json!({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                     "unk_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE, "model_max_length": 1024,
+                     "tokenizer_class": "PreTrainedTokenizerFast"});
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&cfg).unwrap())
+        .map_err(|x| x.to_string())?;
+    // Encoder tokenizer: same vocabulary, [CLS] x [SEP].
+    tok.add_special_tokens(["[CLS]", "[SEP]", "[PAD]"].map(|t| AddedToken::from(t.to_string(), true))).map_err(e)?;
+    let id = |t: &str| tok.token_to_id(t).unwrap();
+    let post = TemplateProcessing::builder()
+        .try_single("[CLS] $A [SEP]")
+        .map_err(|x| x.to_string())?
+        .special_tokens(vec![("[CLS]", id("[CLS]")), ("[SEP]", id("[SEP]"))])
+        .build()
+        .map_err(|x| x.to_string())?;
+    tok.with_post_processor(Some(PostProcessorWrapper::Template(post)));
+    std::fs::create_dir_all(encoder_dir).map_err(|x| x.to_string())?;
+    tok.save(encoder_dir.join("tokenizer.json"), false).map_err(e)
+}
+
+/// Token ids of an example: (prompt, response, loss mask).
+pub fn encode(tok: &Tokenizer, ex: &Example) -> knowrl_engine::Result<(Vec<u32>, Vec<u32>, Vec<bool>)> {
+    let (prompt, end) = match &ex.user {
+        Some(u) => (tok.encode(&tok.apply_chat_template(&[Message::new("user", u)], true)?, false)?, "<|im_end|>"),
+        None => (vec![tok.token_to_id("<|endoftext|>").unwrap()], "<|endoftext|>"),
+    };
+    let (mut resp, mut mask) = (vec![], vec![]);
+    for (text, train) in &ex.segments {
+        let ids = tok.encode(text, false)?;
+        mask.extend(std::iter::repeat_n(*train, ids.len()));
+        resp.extend(ids);
+    }
+    resp.push(tok.token_to_id(end).unwrap());
+    mask.push(true);
+    Ok((prompt, resp, mask))
+}
+
+pub fn policy_config(cfg: &PretrainConfig, vocab: usize) -> serde_json::Value {
+    json!({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+           "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+           "num_hidden_layers": cfg.layers, "num_attention_heads": cfg.heads,
+           "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.hidden_size / cfg.heads,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 1024,
+           "tie_word_embeddings": true, "hidden_act": "silu", "attention_bias": false, "mlp_bias": false,
+           "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
+}
+
+/// Trains the policy; `progress(epoch, step, steps, loss)`. Returns the final epoch's mean loss.
+pub fn train_policy(
+    built: &Built,
+    cfg: &PretrainConfig,
+    dir: &Path,
+    progress: &dyn Fn(usize, usize, usize, f64),
+) -> knowrl_engine::Result<f64> {
+    let tok = Tokenizer::from_dir(dir)?;
+    let vocab = tok.vocab_size();
+    let mcfg = DecoderConfig::from_value(&dir.join("config.json"), policy_config(cfg, vocab))?;
+    let policy = Policy::random(&mcfg, &LoadOptions::default(), cfg.seed as i64);
+    let data: Vec<(Vec<u32>, Vec<u32>, Vec<bool>)> =
+        examples(built, cfg.seed).iter().map(|e| encode(&tok, e)).collect::<Result<_, _>>()?;
+    let steps_per_epoch = data.len().div_ceil(cfg.batch);
+    let total = (steps_per_epoch * cfg.epochs) as u64;
+    let sched = LrSchedule::Cosine { lr: cfg.lr, warmup: (total / 20).max(1), total, min_ratio: 0.05 };
+    let mut opt = AdamW::new(policy.trainable_parameters(), AdamWConfig { weight_decay: 0.01, ..Default::default() });
+    let mut rng = Rng::new(cfg.seed);
+    let mut order: Vec<usize> = (0..data.len()).collect();
+    let mut last = 0.0;
+    let mut step = 0u64;
+    for epoch in 0..cfg.epochs {
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        let mut sum = 0.0;
+        for (b, chunk) in order.chunks(cfg.batch).enumerate() {
+            let reqs: Vec<ScoreRequest> = chunk
+                .iter()
+                .map(|&i| ScoreRequest { prompt: &data[i].0, response: &data[i].1, loss_mask: Some(&data[i].2) })
+                .collect();
+            let s = score(&policy.lm, &reqs, 1.0, Mode::TRAIN);
+            let loss = -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float);
+            opt.zero_grad();
+            loss.backward();
+            opt.clip_grad_norm(1.0);
+            opt.step(sched.lr_at(step));
+            step += 1;
+            let l = loss.double_value(&[]);
+            sum += l;
+            progress(epoch, b + 1, steps_per_epoch, l);
+        }
+        last = sum / steps_per_epoch as f64;
+    }
+    policy.export_hf(&dir.join(".model"), Kind::Float)?;
+    for f in ["model.safetensors", "config.json"] {
+        std::fs::rename(dir.join(".model").join(f), dir.join(f)).map_err(|e| knowrl_engine::EngineError::io(dir, e))?;
+    }
+    let _ = std::fs::remove_dir_all(dir.join(".model"));
+    let gen = json!({"bos_token_id": tok.token_to_id("<|im_start|>"), "eos_token_id": [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")],
+                     "pad_token_id": tok.token_to_id("<|endoftext|>")});
+    knowrl_engine::fsutil::write_atomic(
+        &dir.join("generation_config.json"),
+        serde_json::to_string_pretty(&gen).unwrap().as_bytes(),
+    )?;
+    Ok(last)
+}
+
+/// Question → first-hop gold passage pairs (train split) for the retriever.
+pub fn retrieval_pairs(built: &Built, split: Split, hop: usize) -> Vec<(String, String)> {
+    let by_id: std::collections::HashMap<String, &str> =
+        built.passages.iter().map(|p| (p.id.clone(), p.contents.as_str())).collect();
+    built
+        .questions
+        .iter()
+        .filter(|q| q.split == split && q.hops > hop)
+        .map(|q| (q.question.clone(), by_id[&format!("e{}", built.world.facts[q.chain[hop]].subject)].to_string()))
+        .collect()
+}
+
+/// Contrastive training of the tiny BertModel (InfoNCE with in-batch negatives, τ = 0.05).
+pub fn train_encoder(
+    built: &Built,
+    cfg: &PretrainConfig,
+    dir: &Path,
+    progress: &dyn Fn(usize, usize, usize, f64),
+) -> knowrl_engine::Result<f64> {
+    let tok = Tokenizer::from_dir(dir)?;
+    let bcfg = json!({"architectures": ["BertModel"], "model_type": "bert", "vocab_size": tok.vocab_size(),
+                      "hidden_size": cfg.encoder_hidden, "num_hidden_layers": cfg.encoder_layers,
+                      "num_attention_heads": 4, "intermediate_size": cfg.encoder_hidden * 4,
+                      "max_position_embeddings": 256, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+                      "hidden_act": "gelu", "pad_token_id": tok.token_to_id("[PAD]")});
+    let bert_cfg = BertConfig::from_value(&dir.join("config.json"), bcfg.clone())?;
+    let enc = Encoder::random(&bert_cfg, tok, &LoadOptions::default(), cfg.seed as i64 + 1);
+    let pairs = retrieval_pairs(built, Split::Train, 0);
+    let params: Vec<(String, tch::Tensor)> = enc.vs.variables().into_iter().collect();
+    let mut opt = AdamW::new(params, AdamWConfig { weight_decay: 0.01, ..Default::default() });
+    let batch = 64;
+    let steps = pairs.len().div_ceil(batch);
+    let total = (steps * cfg.encoder_epochs) as u64;
+    let sched = LrSchedule::Cosine { lr: 1e-3, warmup: (total / 20).max(1), total, min_ratio: 0.05 };
+    let mut rng = Rng::new(cfg.seed ^ 0xE);
+    let mut order: Vec<usize> = (0..pairs.len()).collect();
+    let (mut step, mut last) = (0u64, 0.0);
+    for epoch in 0..cfg.encoder_epochs {
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i + 1));
+        }
+        let mut sum = 0.0;
+        for (b, chunk) in order.chunks(batch).enumerate() {
+            let q: Vec<String> = chunk.iter().map(|&i| pairs[i].0.clone()).collect();
+            let p: Vec<String> = chunk.iter().map(|&i| pairs[i].1.clone()).collect();
+            let eq = enc.embed(&q, Mode::TRAIN)?;
+            let ep = enc.embed(&p, Mode::TRAIN)?;
+            let logits = eq.matmul(&ep.tr()) / 0.05;
+            let target = tch::Tensor::arange(chunk.len() as i64, (Kind::Int64, tch::Device::Cpu));
+            let loss = logits.cross_entropy_for_logits(&target);
+            opt.zero_grad();
+            loss.backward();
+            opt.clip_grad_norm(1.0);
+            opt.step(sched.lr_at(step));
+            step += 1;
+            let l = loss.double_value(&[]);
+            sum += l;
+            progress(epoch, b + 1, steps, l);
+        }
+        last = sum / steps as f64;
+    }
+    enc.save(dir, &bcfg)?;
+    Ok(last)
+}
