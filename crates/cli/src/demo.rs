@@ -1,5 +1,7 @@
-//! `knowrl demo`: the main job on the embedded default. Until the synthetic world lands this is
-//! a generation smoke test on the real SmolLM2-135M-Instruct (fetched by `make models`).
+//! `knowrl demo`: the main job on the embedded default: evaluate the world's shipped policy on
+//! the context scenarios S1–S5 and the agent suite (assets/world), then a generation smoke test
+//! on the real SmolLM2-135M-Instruct (fetched by `make models`). The RL runs join it with the
+//! training issues.
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 
@@ -8,6 +10,9 @@ pub struct Args {
     /// Model directory (default: $KNOWRL_MODELS/smollm2-135m-instruct).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// World directory with the pretrained policy and retriever.
+    #[arg(long, default_value = "assets/world")]
+    pub world: PathBuf,
 }
 
 pub fn models_dir() -> PathBuf {
@@ -17,6 +22,14 @@ pub fn models_dir() -> PathBuf {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    if a.world.join("policy/model.safetensors").exists() {
+        println!("== the world: {} (pretrained policy, greedy, test split) ==", a.world.display());
+        crate::world_eval::run(crate::world::EvalArgs { world: a.world.clone(), out: None, limit: 0 })?;
+    } else {
+        println!("{}: no pretrained policy; run `knowrl world build` and `knowrl world pretrain`", a.world.display());
+    }
+    println!("\n== real model smoke test ==");
     let model = a.model.unwrap_or_else(|| models_dir().join("smollm2-135m-instruct"));
     anyhow::ensure!(
         model.join("config.json").exists(),
@@ -45,5 +58,7 @@ pub fn run(a: Args) -> Result<()> {
         dtype: "f32".into(),
         json: false,
     })
-    .context("demo generation")
+    .context("demo generation")?;
+    println!("demo finished in {:.0}s", t0.elapsed().as_secs_f64());
+    Ok(())
 }

@@ -127,9 +127,13 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let retriever = DenseRetriever::new(enc, DenseIndex::Flat(flat), Arc::new(Corpus::Memory(passages)));
     let world: Value = serde_json::from_str(&std::fs::read_to_string(a.world.join("world.json"))?)?;
     let subject_of = |fact: usize| world["facts"][fact]["subject"].as_u64().unwrap() as usize;
+    let name_of = |e: usize| world["entities"][e]["name"].as_str().unwrap().to_string();
+    // First-hop query: the question (h_0); later hops: the bridge entity, as the agent searches it.
     let recall = |hop: usize| -> Result<f64> {
         let qs: Vec<&Question> = test.iter().copied().filter(|q| q.hops > hop).collect();
-        let res = retriever.search(&qs.iter().map(|q| q.question.clone()).collect::<Vec<_>>(), 3)?;
+        let queries: Vec<String> =
+            qs.iter().map(|q| if hop == 0 { q.question.clone() } else { name_of(subject_of(q.chain[hop])) }).collect();
+        let res = retriever.search(&queries, 3)?;
         Ok(qs
             .iter()
             .zip(&res)

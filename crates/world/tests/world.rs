@@ -5,15 +5,10 @@ use knowrl_world::corpus::{sentence, PassageKind};
 use knowrl_world::questions::Split;
 use std::collections::{HashMap, HashSet};
 
+mod common;
+
 fn small() -> WorldConfig {
-    let mut c = WorldConfig::from_toml(default_toml(), "default.toml").unwrap();
-    c.sizes.people = 80;
-    c.sizes.cities = 20;
-    c.sizes.organisations = 20;
-    c.sizes.bands = 10;
-    c.lookalike_pairs = 4;
-    c.filler_passages = 10;
-    c
+    common::small(80, 20, 20, 10, 4)
 }
 
 fn tmp(tag: &str) -> std::path::PathBuf {
