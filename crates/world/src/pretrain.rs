@@ -42,13 +42,13 @@ pub struct PretrainConfig {
 impl Default for PretrainConfig {
     fn default() -> Self {
         PretrainConfig {
-            vocab_size: 1600,
+            vocab_size: 4000,
             hidden_size: 128,
             layers: 4,
             heads: 4,
             kv_heads: 2,
             intermediate_size: 384,
-            epochs: 6,
+            epochs: 20,
             batch: 32,
             lr: 3e-3,
             seed: 7,
