@@ -161,3 +161,23 @@ pub fn rollout(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_action_of_a_turn_wins() {
+        assert!(
+            matches!(parse_action("<think>x</think><search> Ada birthplace </search>"), Action::Search(q) if q == "Ada birthplace")
+        );
+        assert!(matches!(parse_action("<answer> London </answer>"), Action::Answer(a) if a == "London"));
+        // Both present: whichever comes first (Search-R1's regex takes the first match).
+        assert!(matches!(parse_action("<answer>a</answer><search>q</search>"), Action::Answer(a) if a == "a"));
+        assert!(matches!(parse_action("<search>q</search><answer>a</answer>"), Action::Search(q) if q == "q"));
+        // Unclosed or missing tags are invalid actions.
+        assert!(matches!(parse_action("<search> never closed"), Action::Invalid));
+        assert!(matches!(parse_action("I think the answer is London."), Action::Invalid));
+        assert!(INVALID_ACTION.contains("<search> and </search>"));
+    }
+}
