@@ -72,6 +72,9 @@ pub struct PretrainArgs {
     pub epochs: Option<usize>,
     #[arg(long)]
     pub encoder_epochs: Option<usize>,
+    /// Policy peak learning rate.
+    #[arg(long)]
+    pub lr: Option<f64>,
 }
 
 #[derive(clap::Args)]
@@ -98,6 +101,9 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
     }
     if let Some(e) = a.encoder_epochs {
         pc.encoder_epochs = e;
+    }
+    if let Some(lr) = a.lr {
+        pc.lr = lr;
     }
     let (pdir, edir) = (a.world.join("policy"), a.world.join("encoder"));
     let t0 = std::time::Instant::now();
