@@ -2,7 +2,7 @@
 //! eos); take the first `<search>…</search>` / `<answer>…</answer>` of the turn; on a search,
 //! call the retriever for *all* searching trajectories of the batch at once, append the
 //! `<information>` block (masked out of the loss) and continue from the KV cache.
-use knowrl_engine::generate::{DecodeSession, Finish};
+use knowrl_engine::generate::{DecodeSession, Finish, Generation};
 use knowrl_engine::models::llama::DecoderLm;
 use knowrl_engine::{Rng, SamplingParams, Tokenizer};
 use knowrl_retrieval::format::{information_block, PassageStyle};
@@ -86,6 +86,36 @@ pub fn parse_action(turn: &str) -> Action {
     }
 }
 
+/// What the loop needs from a policy: generate one turn for some rows, then take appended
+/// tokens. `DecodeSession` is the real one; tests script it.
+pub trait TurnPolicy {
+    fn generate(
+        &mut self,
+        rows: &[usize],
+        params: &[SamplingParams],
+        rngs: &mut [Rng],
+        tok: Option<&Tokenizer>,
+        eos: &[u32],
+    ) -> knowrl_engine::Result<Vec<Generation>>;
+    fn append(&mut self, blocks: &[Vec<u32>]) -> knowrl_engine::Result<()>;
+}
+
+impl TurnPolicy for DecodeSession<'_> {
+    fn generate(
+        &mut self,
+        rows: &[usize],
+        params: &[SamplingParams],
+        rngs: &mut [Rng],
+        tok: Option<&Tokenizer>,
+        eos: &[u32],
+    ) -> knowrl_engine::Result<Vec<Generation>> {
+        DecodeSession::generate(self, rows, params, rngs, tok, eos)
+    }
+    fn append(&mut self, blocks: &[Vec<u32>]) -> knowrl_engine::Result<()> {
+        DecodeSession::append(self, blocks)
+    }
+}
+
 /// Runs the agent for a batch of prompts (token ids); one generator per row.
 pub fn rollout(
     lm: &DecoderLm,
@@ -95,9 +125,20 @@ pub fn rollout(
     cfg: &AgentConfig,
     rngs: &mut [Rng],
 ) -> knowrl_engine::Result<Vec<Trajectory>> {
-    let n = prompts.len();
-    let mut session = DecodeSession::new(lm, n, tok.pad_id);
+    let mut session = DecodeSession::new(lm, prompts.len(), tok.pad_id);
     session.append(prompts)?;
+    run(&mut session, prompts.len(), tok, retriever, cfg, rngs)
+}
+
+/// The loop over turns for `n` rows whose prompts the policy already holds.
+pub fn run(
+    session: &mut dyn TurnPolicy,
+    n: usize,
+    tok: &Tokenizer,
+    retriever: &dyn Retriever,
+    cfg: &AgentConfig,
+    rngs: &mut [Rng],
+) -> knowrl_engine::Result<Vec<Trajectory>> {
     let mut out = vec![Trajectory::default(); n];
     let mut active: Vec<usize> = (0..n).collect();
     for turn in 0..cfg.max_turns {
