@@ -1,4 +1,6 @@
 //! RL for retrieval-augmented agents. Data flows one way: rollout (`agent`) → reward
 //! (`reward`) → advantage → loss → optimiser step. This file set grows with the RL issues.
+pub mod advantage;
 pub mod agent;
+pub mod loss;
 pub mod reward;
