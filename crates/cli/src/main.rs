@@ -10,6 +10,7 @@ mod demo;
 mod generate;
 mod retrieval;
 mod rss;
+mod train;
 mod world;
 mod world_eval;
 
@@ -47,6 +48,8 @@ enum Cmd {
     /// Corpus conversions.
     #[command(subcommand)]
     Corpus(retrieval::CorpusCmd),
+    /// RL training (GRPO / DAPO / GSPO) on the world's agent suite.
+    Train(train::Args),
     /// The synthetic knowledge world (the embedded default).
     #[command(subcommand)]
     World(world::WorldCmd),
@@ -66,6 +69,7 @@ fn main() {
         Cmd::Serve(c) => retrieval::serve_cmd(c),
         Cmd::Corpus(c) => retrieval::corpus(c),
         Cmd::World(c) => world::run(c),
+        Cmd::Train(a) => train::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -29,6 +29,16 @@ fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec
         .collect()
 }
 
+/// The world's search tool: its tiny dense retriever over `corpus.jsonl` (exact, in memory).
+pub fn world_retriever(world: &std::path::Path) -> Result<DenseRetriever> {
+    let (passages, _) = read_corpus(&world.join("corpus.jsonl"), false)?;
+    let enc = Encoder::load(&world.join("encoder"), &LoadOptions::default())?;
+    let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
+    let vecs: Vec<tch::Tensor> = texts.chunks(128).map(|c| enc.embed_passages(c)).collect::<Result<_, _>>()?;
+    let flat = FlatIndex::from_tensor(&tch::Tensor::cat(&vecs, 0), VecDtype::F32);
+    Ok(DenseRetriever::new(enc, DenseIndex::Flat(flat), Arc::new(Corpus::Memory(passages))))
+}
+
 /// Greedy single-turn answers for user messages (batched).
 pub fn answers(policy: &Policy, users: &[String], max_new: usize) -> Result<Vec<String>> {
     let tok = policy.tokenizer()?;
@@ -118,13 +128,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         .collect::<serde_json::Map<_, _>>()
         .into();
 
-    // The tiny retriever over the search corpus.
-    let (passages, _) = read_corpus(&a.world.join("corpus.jsonl"), false)?;
-    let enc = Encoder::load(&a.world.join("encoder"), &LoadOptions::default())?;
-    let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
-    let vecs: Vec<tch::Tensor> = texts.chunks(128).map(|c| enc.embed_passages(c)).collect::<Result<_, _>>()?;
-    let flat = FlatIndex::from_tensor(&tch::Tensor::cat(&vecs, 0), VecDtype::F32);
-    let retriever = DenseRetriever::new(enc, DenseIndex::Flat(flat), Arc::new(Corpus::Memory(passages)));
+    let retriever = world_retriever(&a.world)?;
     let world: Value = serde_json::from_str(&std::fs::read_to_string(a.world.join("world.json"))?)?;
     let subject_of = |fact: usize| world["facts"][fact]["subject"].as_u64().unwrap() as usize;
     let name_of = |e: usize| world["entities"][e]["name"].as_str().unwrap().to_string();
