@@ -26,11 +26,8 @@ pub fn run(a: Args) -> Result<()> {
     let cfg = TrainConfig::load(&a.config).map_err(|e| anyhow::anyhow!(e))?;
     let policy = Policy::load(&cfg.model.path, &LoadOptions { lora: cfg.model.lora.clone(), ..Default::default() })
         .with_context(|| format!("loading {}", cfg.model.path.display()))?;
-    let text = std::fs::read_to_string(cfg.data.world.join("questions.jsonl"))?;
-    let tasks: Vec<Task> = text
-        .lines()
-        .map(serde_json::from_str::<Question>)
-        .collect::<Result<Vec<_>, _>>()?
+    let questions: Vec<Question> = crate::world_eval::load_jsonl(&cfg.data.world.join("questions.jsonl"))?;
+    let tasks: Vec<Task> = questions
         .into_iter()
         .filter(|q| q.split == Split::Train)
         .map(|q| Task { user: knowrl_world::prompts::agent(&q.question), golden: q.golden_answers })

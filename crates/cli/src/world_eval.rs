@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec<T>> {
+/// Reads a jsonl file; a bad line is reported as `file:line`.
+pub fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec<T>> {
     let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
     text.lines()
         .enumerate()
