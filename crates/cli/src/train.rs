@@ -1,12 +1,16 @@
-//! `knowrl train --config FILE`: RL (GRPO / DAPO / GSPO) of a policy on the world's agent
-//! suite. Metrics per step go to `<out_dir>/metrics.jsonl`, checkpoints to
+//! `knowrl train --config FILE`: RL of a policy on the world with one of the methods (GRPO /
+//! DAPO / GSPO on the agent loop, Knowledgeable-R1 on context items, AKBE on the agent loop).
+//! Metrics per step go to `<out_dir>/metrics.jsonl`, checkpoints to
 //! `<out_dir>/checkpoints/step-N`; `--resume` continues from the latest checkpoint exactly.
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use knowrl_engine::{LoadOptions, Policy};
-use knowrl_rl::config::TrainConfig;
-use knowrl_rl::trainer::{train, Task};
-use knowrl_world::questions::{Question, Split};
+use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task};
+use knowrl_rl::akbe::{Objective, Signals};
+use knowrl_rl::config::{Method, Suite, TrainConfig};
+use knowrl_rl::task::Task;
+use knowrl_rl::trainer::{train, StepMetrics};
+use knowrl_world::questions::Split;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -22,30 +26,67 @@ pub struct Args {
     pub export: Option<PathBuf>,
 }
 
-pub fn run(a: Args) -> Result<()> {
-    let cfg = TrainConfig::load(&a.config).map_err(|e| anyhow::anyhow!(e))?;
-    let policy = Policy::load(&cfg.model.path, &LoadOptions { lora: cfg.model.lora.clone(), ..Default::default() })
-        .with_context(|| format!("loading {}", cfg.model.path.display()))?;
-    let questions: Vec<Question> = crate::world_eval::load_jsonl(&cfg.data.world.join("questions.jsonl"))?;
-    let tasks: Vec<Task> = questions
-        .into_iter()
-        .filter(|q| q.split == Split::Train)
-        .map(|q| Task { user: knowrl_world::prompts::agent(&q.question), golden: q.golden_answers })
-        .collect();
+/// The training tasks a config asks for (train split of the world).
+pub fn tasks(cfg: &TrainConfig) -> Result<Vec<Task>> {
+    let w = &cfg.data.world;
+    let t: Vec<Task> = match cfg.data.suite {
+        Suite::Agent => questions(w, Split::Train).map_err(anyhow::Error::msg)?.iter().map(question_task).collect(),
+        Suite::Context => scenario_items(w, Split::Train, &cfg.data.scenarios)
+            .map_err(anyhow::Error::msg)?
+            .iter()
+            .map(scenario_task)
+            .collect(),
+    };
+    anyhow::ensure!(!t.is_empty(), "{}: no training tasks for suite {:?}", w.display(), cfg.data.suite);
+    Ok(t)
+}
+
+/// A frozen copy of the starting weights, when something needs it and LoRA cannot provide it.
+pub fn reference(cfg: &TrainConfig) -> Result<Option<Policy>> {
+    let a = &cfg.akbe;
+    let akbe_needs =
+        cfg.method.name == Method::Akbe && (a.signals == Signals::Offline || a.objective == Objective::Dpo);
+    let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || akbe_needs;
+    Ok(if needs { Some(Policy::load(&cfg.model.path, &LoadOptions::default())?) } else { None })
+}
+
+pub fn load(cfg: &TrainConfig) -> Result<Policy> {
+    Policy::load(&cfg.model.path, &LoadOptions { lora: cfg.model.lora.clone(), ..Default::default() })
+        .with_context(|| format!("loading {}", cfg.model.path.display()))
+}
+
+/// Trains with a progress bar; returns the metrics of the steps run.
+pub fn train_with_progress(policy: &Policy, cfg: &TrainConfig, resume: bool, label: &str) -> Result<Vec<StepMetrics>> {
+    let tasks = tasks(cfg)?;
+    let reference = reference(cfg)?;
     let retriever = crate::world_eval::world_retriever(&cfg.data.world)?;
     let bar = ProgressBar::new(cfg.run.steps);
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
-    let metrics = train(&policy, &tasks, &retriever, &cfg, a.resume, &|m| {
+    bar.set_style(ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
+    bar.set_prefix(label.to_string());
+    let metrics = train(policy, reference.as_ref(), &tasks, &retriever, cfg, resume, &|m| {
         bar.set_position(m.step + 1);
         bar.set_message(format!(
             "reward {:.3} tools {:.2} kl {:.4} {:.1}s/step",
             m.reward, m.tool_calls, m.kl, m.step_s
         ));
     })?;
-    bar.finish();
+    bar.finish_and_clear();
+    Ok(metrics)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let cfg = TrainConfig::load(&a.config).map_err(|e| anyhow::anyhow!(e))?;
+    let policy = load(&cfg)?;
+    let metrics = train_with_progress(&policy, &cfg, a.resume, "train")?;
     if let Some(out) = a.export {
         policy.export_hf(&out, tch::Kind::Float)?;
         println!("exported {}", out.display());
+    }
+    if let (Some(first), Some(last)) = (metrics.first(), metrics.last()) {
+        println!(
+            "reward {:.3} -> {:.3}, tool calls {:.2} -> {:.2}",
+            first.reward, last.reward, first.tool_calls, last.tool_calls
+        );
     }
     println!("{} steps; metrics in {}", metrics.len(), cfg.run.out_dir.join("metrics.jsonl").display());
     Ok(())

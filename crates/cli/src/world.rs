@@ -75,6 +75,12 @@ pub struct PretrainArgs {
     /// Policy peak learning rate.
     #[arg(long)]
     pub lr: Option<f64>,
+    /// Copies of each parametric-knowledge example per epoch.
+    #[arg(long)]
+    pub fact_repeats: Option<usize>,
+    /// Keep the existing encoder (train only the tokenizer-compatible policy).
+    #[arg(long)]
+    pub policy_only: bool,
 }
 
 #[derive(clap::Args)]
@@ -105,6 +111,9 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
     if let Some(lr) = a.lr {
         pc.lr = lr;
     }
+    if let Some(r) = a.fact_repeats {
+        pc.fact_repeats = r;
+    }
     let (pdir, edir) = (a.world.join("policy"), a.world.join("encoder"));
     let t0 = std::time::Instant::now();
     train_tokenizer(&built, pc.vocab_size, &pdir, &edir).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
@@ -117,10 +126,13 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
             bar.set_length(steps as u64);
             bar.set_position(step as u64);
             bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
+            if step == steps && bar.is_hidden() {
+                eprintln!("{prefix} epoch {} done (last batch loss {loss:.3})", epoch + 1);
+            }
         }
     };
     let pl = train_policy(&built, &pc, &pdir, &progress("policy"))?;
-    let el = train_encoder(&built, &pc, &edir, &progress("encoder"))?;
+    let el = if a.policy_only { f64::NAN } else { train_encoder(&built, &pc, &edir, &progress("encoder"))? };
     bar.finish_and_clear();
     std::fs::write(a.world.join("pretrain.toml"), toml::to_string(&pc)?)?;
     println!(

@@ -3,7 +3,7 @@
 //! search rate and EM per hop count, and the tiny retriever's recall@3 per hop.
 //! (Moves into the eval crate with the evaluation harness.)
 use crate::world::EvalArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use knowrl_engine::encoder::Encoder;
 use knowrl_engine::generate::generate;
 use knowrl_engine::{LoadOptions, Message, Policy, Rng, SamplingParams};
@@ -22,12 +22,7 @@ use std::sync::Arc;
 
 /// Reads a jsonl file; a bad line is reported as `file:line`.
 pub fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec<T>> {
-    let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", p.display(), i + 1)))
-        .collect()
+    knowrl_eval::data::load_jsonl(p).map_err(anyhow::Error::msg)
 }
 
 /// The world's search tool: its tiny dense retriever over `corpus.jsonl` (exact, in memory).

@@ -14,6 +14,43 @@ pub struct TrainConfig {
     pub algorithm: AlgorithmSection,
     pub optim: OptimSection,
     pub run: RunSection,
+    /// Which method's step runs (default: the plain `algorithm` on the agent loop).
+    #[serde(default)]
+    pub method: MethodSection,
+    #[serde(default)]
+    pub reward: RewardSection,
+    /// Knowledgeable-R1's knobs (used when `method.name = "knowledgeable_r1"`).
+    #[serde(default)]
+    pub knowledgeable_r1: crate::knowledgeable_r1::KnowledgeableR1Config,
+    /// AKBE's knobs (used when `method.name = "akbe"`).
+    #[serde(default)]
+    pub akbe: crate::akbe::AkbeConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// GRPO / DAPO / GSPO (per `algorithm.name`) on the search-agent loop.
+    #[default]
+    Grpo,
+    /// ../shared/papers/knowledgeable-r1.txt: joint PK/CK sampling, single turn.
+    KnowledgeableR1,
+    /// ../shared/papers/akbe.txt: dual-path rollouts + CE on knowledge-boundary targets.
+    Akbe,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MethodSection {
+    pub name: Method,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    /// em (default) | f1 | em_format (−1 without an answer, AKBE).
+    #[serde(default)]
+    pub name: crate::reward::RewardKind,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -31,6 +68,26 @@ pub struct ModelSection {
 pub struct DataSection {
     /// A world directory (`knowrl world build`): questions.jsonl, corpus.jsonl, encoder/.
     pub world: PathBuf,
+    /// agent (questions, searched through the world's retriever) | context (scenario items
+    /// with their given context: Knowledgeable-R1's training data).
+    #[serde(default)]
+    pub suite: Suite,
+    /// Scenarios trained on when `suite = "context"` (ConFiQA-style mix of correct and
+    /// counterfactual contexts by default).
+    #[serde(default = "default_scenarios")]
+    pub scenarios: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Suite {
+    #[default]
+    Agent,
+    Context,
+}
+
+fn default_scenarios() -> Vec<String> {
+    vec!["S1".into(), "S2".into()]
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -115,6 +172,14 @@ impl TrainConfig {
         }
         if self.algorithm.clip_low <= 0.0 || self.algorithm.clip_high <= 0.0 {
             return bad("algorithm.clip_low", "clip ranges must be positive".into());
+        }
+        if let Some(s) = self.data.scenarios.iter().find(|s| !matches!(s.as_str(), "S1" | "S2" | "S3" | "S4" | "S5")) {
+            return bad("data.scenarios", format!("unknown scenario {s:?} (S1..S5)"));
+        }
+        match self.method.name {
+            Method::KnowledgeableR1 => self.knowledgeable_r1.validate()?,
+            Method::Akbe => self.akbe.validate()?,
+            Method::Grpo => {}
         }
         Ok(())
     }

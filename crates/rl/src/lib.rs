@@ -1,8 +1,15 @@
 //! RL for retrieval-augmented agents. Data flows one way: rollout (`agent`) → reward
-//! (`reward`) → advantage → loss → optimiser step. This file set grows with the RL issues.
+//! (`reward`) → advantage (`advantage`, a method's own in its file) → loss rows (`update`)
+//! → optimiser step (`trainer`). One file per method: `grpo` (GRPO / DAPO / GSPO on the agent
+//! loop), `knowledgeable_r1`, `akbe`.
 pub mod advantage;
 pub mod agent;
+pub mod akbe;
 pub mod config;
+pub mod grpo;
+pub mod knowledgeable_r1;
 pub mod loss;
 pub mod reward;
+pub mod task;
 pub mod trainer;
+pub mod update;

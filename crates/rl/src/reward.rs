@@ -48,6 +48,28 @@ pub fn f1(prediction: &str, golds: &[String]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The trajectory-level reward a run trains on (`[reward] name` in the train config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RewardKind {
+    /// 1 if the extracted answer exactly matches a gold answer (Search-R1), else 0.
+    #[default]
+    Em,
+    /// Token F1 against the best gold answer.
+    F1,
+    /// AKBE's format-aware EM: −1 when the response has no answer, else EM.
+    EmFormat,
+}
+
+/// Reward of a response whose extracted answer is `answer` (None = no answer given).
+pub fn reward(kind: RewardKind, answer: Option<&str>, golds: &[String]) -> f64 {
+    match (kind, answer) {
+        (RewardKind::EmFormat, None) => -1.0,
+        (RewardKind::F1, a) => f1(a.unwrap_or(""), golds),
+        (_, a) => exact_match(a.unwrap_or(""), golds) as u8 as f64,
+    }
+}
+
 /// The last `<answer>…</answer>` of a response (None when there is none).
 pub fn extract_answer(response: &str) -> Option<String> {
     let mut out = None;
@@ -128,5 +150,15 @@ mod tests {
         assert_eq!(extract_answer(prompt), Some("Beijing".into()));
         assert_eq!(extract_boxed(r"The final answer is \[ \boxed{\frac{1}{2}} \]"), Some(r"\frac{1}{2}".into()));
         assert_eq!(extract_boxed("none"), None);
+    }
+
+    #[test]
+    fn reward_kinds_hand_computed() {
+        let gold = g(&["New York"]);
+        assert_eq!(reward(RewardKind::Em, Some("new york"), &gold), 1.0);
+        assert_eq!(reward(RewardKind::Em, None, &gold), 0.0);
+        assert_eq!(reward(RewardKind::EmFormat, None, &gold), -1.0);
+        assert_eq!(reward(RewardKind::EmFormat, Some("Boston"), &gold), 0.0);
+        assert!((reward(RewardKind::F1, Some("New York City"), &gold) - 0.8).abs() < 1e-12);
     }
 }

@@ -1,30 +1,23 @@
-//! The RL loop: rollout → reward → advantage → loss → optimiser step, with metrics per step
-//! (JSONL), atomic checkpoints and exact resumption.
+//! The RL loop every method shares: pick questions → the method's step (rollout → reward →
+//! advantage → rows, see `grpo`, `knowledgeable_r1`, `akbe`) → loss/gradients (`update`) →
+//! clip + AdamW → metrics (JSONL), atomic checkpoints, exact resumption.
 //!
-//! Determinism: prompts are drawn from the trainer's generator (checkpointed), and response j of
-//! step s samples from `Rng::new(seed ⊕ s ⊕ j)`, so a resumed run repeats exactly what the
+//! Determinism: questions are drawn from the trainer's generator (checkpointed), and rollout row
+//! j of step s samples from `Rng::new(seed ⊕ s ⊕ j)`, so a resumed run repeats exactly what the
 //! uninterrupted one would have done (tested bit-identical on CPU).
-use crate::advantage::{group_advantages, informative_groups};
 use crate::agent::{rollout, AgentConfig, Trajectory};
-use crate::config::{Algorithm, TrainConfig};
-use crate::loss::{aggregate, clipped_surrogate, gspo_sequence_loss, kl, Aggregation};
-use crate::reward::exact_match;
+use crate::config::{Method, TrainConfig};
+use crate::reward::reward;
+use crate::task::{Prompt, Task};
+use crate::update::{ce_backward, dpo_backward, pg_backward, CeRow, DpoPair, Normaliser, PgRow};
 use knowrl_engine::checkpoint;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
-use knowrl_engine::score::{score, ScoreRequest};
-use knowrl_engine::{Message, Mode, Policy, Rng, Tokenizer};
-use knowrl_retrieval::Retriever;
+use knowrl_engine::{Policy, Rng, Tokenizer};
+use knowrl_retrieval::{Hit, Retriever};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
-use tch::{Kind, Tensor};
-
-/// One training question: the user message and its accepted answers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Task {
-    pub user: String,
-    pub golden: Vec<String>,
-}
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct StepMetrics {
@@ -42,20 +35,129 @@ pub struct StepMetrics {
     pub rollout_s: f64,
     pub update_s: f64,
     pub step_s: f64,
+    /// Method-specific figures (Knowledgeable-R1's β, AKBE's category counts, …).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, f64>,
 }
 
-fn row_seed(seed: u64, step: u64, row: usize) -> u64 {
+/// What a step needs: the policy (and a frozen copy of its starting weights when a method or
+/// the KL term needs a reference), the retriever, the config and the step number.
+pub struct StepCtx<'a> {
+    pub policy: &'a Policy,
+    pub reference: Option<&'a Policy>,
+    pub tok: &'a Tokenizer,
+    pub retriever: &'a dyn Retriever,
+    pub cfg: &'a TrainConfig,
+    pub step: u64,
+}
+
+/// A step's rollouts turned into loss rows, plus its rollout metrics.
+#[derive(Default)]
+pub struct StepOutput {
+    pub pg: Vec<PgRow>,
+    pub norm: Option<Normaliser>,
+    pub ce: Vec<CeRow>,
+    pub ce_coef: f64,
+    pub dpo: Vec<DpoPair>,
+    pub dpo_beta: f64,
+    pub metrics: StepMetrics,
+}
+
+/// A retriever for rollouts without the tool (no-tool paths never search).
+pub struct NoTool;
+
+impl Retriever for NoTool {
+    fn search(&self, queries: &[String], _k: usize) -> Result<Vec<Vec<Hit>>, knowrl_retrieval::RetrievalError> {
+        Ok(vec![vec![]; queries.len()])
+    }
+    fn len(&self) -> usize {
+        0
+    }
+}
+
+pub fn row_seed(seed: u64, step: u64, row: usize) -> u64 {
     seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (row as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
 }
 
-fn chat_ids(tok: &Tokenizer, user: &str) -> knowrl_engine::Result<Vec<u32>> {
-    tok.encode(&tok.apply_chat_template(&[Message::new("user", user)], true)?, false)
+impl StepCtx<'_> {
+    /// `per` copies of each task's `which` prompt (token ids) and the task index of each row.
+    pub fn replicate(
+        &self,
+        tasks: &[&Task],
+        per: usize,
+        which: impl Fn(&Task) -> &Prompt,
+    ) -> knowrl_engine::Result<(Vec<Vec<u32>>, Vec<usize>)> {
+        let (mut prompts, mut group) = (vec![], vec![]);
+        for (k, t) in tasks.iter().enumerate() {
+            let ids = which(t).ids(self.tok)?;
+            for _ in 0..per {
+                prompts.push(ids.clone());
+                group.push(k);
+            }
+        }
+        Ok((prompts, group))
+    }
+
+    /// Samples one trajectory per prompt with `policy`; `tools = false` is a single turn with no
+    /// retrieval. Row j (counted from `first_row`) uses the step's j-th generator.
+    pub fn rollout_with(
+        &self,
+        policy: &Policy,
+        prompts: &[Vec<u32>],
+        tools: bool,
+        first_row: usize,
+    ) -> knowrl_engine::Result<Vec<Trajectory>> {
+        let r = &self.cfg.rollout;
+        let turns = if tools { r.max_turns } else { 1 };
+        let agent = AgentConfig::new(turns, r.topk, r.max_tokens_per_turn, r.temperature);
+        let mut rngs: Vec<Rng> =
+            (0..prompts.len()).map(|j| Rng::new(row_seed(self.cfg.run.seed, self.step, first_row + j))).collect();
+        let retriever: &dyn Retriever = if tools { self.retriever } else { &NoTool };
+        rollout(&policy.lm, self.tok, prompts, retriever, &agent, &mut rngs)
+    }
+
+    pub fn rollout(
+        &self,
+        prompts: &[Vec<u32>],
+        tools: bool,
+        first_row: usize,
+    ) -> knowrl_engine::Result<Vec<Trajectory>> {
+        self.rollout_with(self.policy, prompts, tools, first_row)
+    }
+
+    /// The configured reward of each trajectory against its task's gold answers.
+    pub fn rewards(&self, trajs: &[Trajectory], tasks: &[&Task], group: &[usize]) -> Vec<f64> {
+        trajs
+            .iter()
+            .zip(group)
+            .map(|(t, &k)| reward(self.cfg.reward.name, t.answer.as_deref(), &tasks[k].golden))
+            .collect()
+    }
+}
+
+/// Rollout figures of a set of trajectories (reward, EM, tool calls, response length).
+pub fn rollout_metrics(trajs: &[Trajectory], rewards: &[f64], tasks: &[&Task], group: &[usize]) -> StepMetrics {
+    let n = trajs.len().max(1) as f64;
+    let em = trajs
+        .iter()
+        .zip(group)
+        .filter(|(t, &k)| crate::reward::exact_match(t.answer.as_deref().unwrap_or(""), &tasks[k].golden))
+        .count() as f64;
+    StepMetrics {
+        reward: rewards.iter().sum::<f64>() / n,
+        em: em / n,
+        tool_calls: trajs.iter().map(|t| t.tool_calls() as f64).sum::<f64>() / n,
+        response_len: trajs.iter().map(|t| crate::update::mask_len(&t.loss_mask)).sum::<f64>() / n,
+        ..Default::default()
+    }
 }
 
 /// Trains `policy` in place for `cfg.run.steps` steps (continuing from the latest checkpoint
-/// when `resume`). Returns the metrics of the steps run by this call.
+/// when `resume`). `reference` is a frozen copy of the starting weights (needed for KL or DPO
+/// without LoRA, and AKBE's offline signals). Returns the metrics of the steps run by this call.
 pub fn train(
     policy: &Policy,
+    reference: Option<&Policy>,
     tasks: &[Task],
     retriever: &dyn Retriever,
     cfg: &TrainConfig,
@@ -93,60 +195,47 @@ pub fn train(
     } else if metrics_path.exists() {
         std::fs::remove_file(&metrics_path).map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
     }
-    let agent = AgentConfig::new(
-        cfg.rollout.max_turns,
-        cfg.rollout.topk,
-        cfg.rollout.max_tokens_per_turn,
-        cfg.rollout.temperature,
-    );
+    let mut akbe_signals = crate::akbe::OfflineSignals::default();
     let mut all = vec![];
     for step in start..cfg.run.steps {
         let t0 = Instant::now();
-        // Rollout: G responses for each of the step's prompts.
-        let picks: Vec<usize> = (0..cfg.rollout.prompts_per_step).map(|_| rng.below(tasks.len())).collect();
-        let g = cfg.rollout.group_size;
-        let mut prompts = vec![];
-        let mut group = vec![];
-        for (k, &i) in picks.iter().enumerate() {
-            let ids = chat_ids(tok, &tasks[i].user)?;
-            for _ in 0..g {
-                prompts.push(ids.clone());
-                group.push(k);
-            }
-        }
-        let mut rngs: Vec<Rng> = (0..prompts.len()).map(|j| Rng::new(row_seed(cfg.run.seed, step, j))).collect();
-        let trajs = rollout(&policy.lm, tok, &prompts, retriever, &agent, &mut rngs)?;
-        let rollout_s = t0.elapsed().as_secs_f64();
-
-        // Reward (EM of the response's last answer) and group advantages.
-        let rewards: Vec<f64> = trajs
-            .iter()
-            .zip(&group)
-            .map(|(t, &k)| exact_match(t.answer.as_deref().unwrap_or(""), &tasks[picks[k]].golden) as u8 as f64)
-            .collect();
-        let adv = group_advantages(&rewards, &group, cfg.algorithm.normalisation);
-        // DAPO's dynamic sampling drops groups whose rewards are all equal (no signal).
-        let keep: Vec<usize> = match cfg.algorithm.name {
-            Algorithm::Dapo => {
-                let ok = informative_groups(&rewards, &group);
-                (0..trajs.len()).filter(|j| ok.contains(&group[*j])).collect()
-            }
-            _ => (0..trajs.len()).collect(),
+        let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
+        let ctx = StepCtx { policy, reference, tok, retriever, cfg, step };
+        let out = match cfg.method.name {
+            Method::Grpo => crate::grpo::step(&ctx, &picks)?,
+            Method::KnowledgeableR1 => crate::knowledgeable_r1::step(&ctx, &picks)?,
+            Method::Akbe => crate::akbe::step(&ctx, &picks, &mut akbe_signals)?,
         };
+        let rollout_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let m = update(policy, &mut opt, cfg, &prompts, &trajs, &adv, &keep)?;
-        let n = trajs.len() as f64;
+        opt.zero_grad();
+        let norm = out.norm.unwrap_or_else(|| Normaliser::of(&out.pg));
+        let (mb, temp) = (cfg.optim.micro_batch, cfg.rollout.temperature);
+        let pg = pg_backward(policy, reference, &out.pg, norm, &cfg.algorithm, temp, mb);
+        let mut extra = out.metrics.extra.clone();
+        if !out.ce.is_empty() {
+            extra.insert("ce_nll".into(), ce_backward(policy, &out.ce, out.ce_coef, mb));
+        }
+        if !out.dpo.is_empty() {
+            extra.insert("dpo_loss".into(), dpo_backward(policy, reference, &out.dpo, out.dpo_beta, out.ce_coef, mb));
+        }
+        let any = !out.pg.is_empty() || !out.ce.is_empty() || !out.dpo.is_empty();
+        let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
+        if any {
+            opt.step(cfg.optim.lr);
+        }
         let metrics = StepMetrics {
             step,
-            reward: rewards.iter().sum::<f64>() / n,
-            em: rewards.iter().sum::<f64>() / n,
-            tool_calls: trajs.iter().map(|t| t.tool_calls() as f64).sum::<f64>() / n,
-            response_len: trajs.iter().map(|t| t.loss_mask.iter().filter(|x| **x).count() as f64).sum::<f64>() / n,
-            kept_groups: keep.iter().map(|j| group[*j]).collect::<std::collections::BTreeSet<_>>().len(),
+            loss: pg.loss,
+            kl: pg.kl,
+            entropy: pg.entropy,
+            clip_frac: pg.clip_frac,
+            grad_norm,
             rollout_s,
             update_s: t1.elapsed().as_secs_f64(),
             step_s: t0.elapsed().as_secs_f64(),
-            ..m
+            extra,
+            ..out.metrics
         };
         let mut f = std::fs::OpenOptions::new()
             .create(true)
@@ -163,78 +252,4 @@ pub fn train(
         }
     }
     Ok(all)
-}
-
-/// One optimiser step over the kept responses, accumulated over micro-batches.
-fn update(
-    policy: &Policy,
-    opt: &mut AdamW,
-    cfg: &TrainConfig,
-    prompts: &[Vec<u32>],
-    trajs: &[Trajectory],
-    adv: &[f64],
-    keep: &[usize],
-) -> knowrl_engine::Result<StepMetrics> {
-    let a = &cfg.algorithm;
-    let temp = cfg.rollout.temperature.max(1e-6);
-    let keep: Vec<usize> = keep.iter().copied().filter(|&j| !trajs[j].response.is_empty()).collect();
-    let total_tokens: f64 = keep.iter().map(|&j| trajs[j].loss_mask.iter().filter(|x| **x).count() as f64).sum();
-    let total_seqs = keep.len() as f64;
-    opt.zero_grad();
-    let (mut loss_sum, mut kl_sum, mut ent_sum, mut clip_sum) = (0.0, 0.0, 0.0, 0.0);
-    for mb in keep.chunks(cfg.optim.micro_batch) {
-        let reqs: Vec<ScoreRequest> = mb
-            .iter()
-            .map(|&j| ScoreRequest {
-                prompt: &prompts[j],
-                response: &trajs[j].response,
-                loss_mask: Some(&trajs[j].loss_mask),
-            })
-            .collect();
-        // π_old: the policy before this update (one update per batch, so the current weights).
-        let old = tch::no_grad(|| score(&policy.lm, &reqs, temp, Mode::EVAL).logprobs);
-        let s = score(&policy.lm, &reqs, temp, Mode::TRAIN);
-        let advs = Tensor::from_slice(&mb.iter().map(|&j| adv[j] as f32).collect::<Vec<_>>());
-        let mb_tokens = s.mask.sum(Kind::Float).double_value(&[]);
-        let (per_token, clipped) = match a.name {
-            Algorithm::Gspo => {
-                let (l, c) = gspo_sequence_loss(&s.logprobs, &old, &advs, &s.mask, a.clip_low, a.clip_high);
-                (l.unsqueeze(1) * &s.mask, c.unsqueeze(1) * &s.mask)
-            }
-            _ => clipped_surrogate(&s.logprobs, &old, &advs, a.clip_low, a.clip_high),
-        };
-        // The KL term is added out of place: autograd saved `per_token`'s inputs.
-        let per_token = if a.kl_coef > 0.0 {
-            let reference = tch::no_grad(|| score(&policy.lm, &reqs, temp, Mode::REFERENCE).logprobs);
-            let k = kl(&s.logprobs, &reference, a.kl_estimator);
-            kl_sum += (&k * &s.mask).sum(Kind::Float).double_value(&[]);
-            per_token + k * a.kl_coef
-        } else {
-            per_token
-        };
-        // Each micro-batch carries its share of the whole batch's normaliser.
-        let share = match (a.name, a.aggregation) {
-            (Algorithm::Gspo, _) | (_, Aggregation::SeqMeanTokenMean) => mb.len() as f64 / total_seqs,
-            (_, Aggregation::TokenMean) => mb_tokens / total_tokens.max(1.0),
-        };
-        let agg = if a.name == Algorithm::Gspo { Aggregation::SeqMeanTokenMean } else { a.aggregation };
-        let loss = aggregate(&per_token, &s.mask, agg) * share;
-        loss.backward();
-        loss_sum += loss.double_value(&[]);
-        ent_sum += (&s.entropy * &s.mask).sum(Kind::Float).double_value(&[]);
-        clip_sum += (clipped * &s.mask).sum(Kind::Float).double_value(&[]);
-    }
-    let grad_norm = if keep.is_empty() { 0.0 } else { opt.clip_grad_norm(cfg.optim.max_grad_norm) };
-    if !keep.is_empty() {
-        opt.step(cfg.optim.lr);
-    }
-    let t = total_tokens.max(1.0);
-    Ok(StepMetrics {
-        loss: loss_sum,
-        kl: kl_sum / t,
-        entropy: ent_sum / t,
-        clip_frac: clip_sum / t,
-        grad_norm,
-        ..Default::default()
-    })
 }

@@ -69,19 +69,21 @@ pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(Stri
     segs
 }
 
-pub fn examples(built: &Built, seed: u64) -> Vec<Example> {
-    let mut rng = Rng::new(seed ^ 0x004A_B175);
+pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Example> {
+    let mut rng = Rng::new(cfg.seed ^ 0x004A_B175);
     let w = &built.world;
     let mut out = vec![];
     let text = |s: String| Example { user: None, segments: vec![(s, true)] };
     let chat = |u: String, a: String| Example { user: Some(u), segments: vec![(a, true)] };
     // Parametric knowledge: PK facts as statements and as query-only answers (every template).
     for f in w.facts.iter().filter(|f| f.pk) {
-        out.push(text(crate::corpus::sentence(w, f.subject, f.relation, f.object)));
-        for t in crate::questions::TEMPLATES.iter().filter(|t| t.chain == [f.relation]) {
-            for tx in t.texts {
-                let q = tx.replace("{}", &w.entity(f.subject).name);
-                out.push(chat(prompts::query_only(&q), prompts::answer(&w.entity(f.object).name)));
+        for _ in 0..cfg.fact_repeats {
+            out.push(text(crate::corpus::sentence(w, f.subject, f.relation, f.object)));
+            for t in crate::questions::TEMPLATES.iter().filter(|t| t.chain == [f.relation]) {
+                for tx in t.texts {
+                    let q = tx.replace("{}", &w.entity(f.subject).name);
+                    out.push(chat(prompts::query_only(&q), prompts::answer(&w.entity(f.object).name)));
+                }
             }
         }
     }
@@ -97,7 +99,13 @@ pub fn examples(built: &Built, seed: u64) -> Vec<Example> {
         out.push(Example { user: Some(prompts::agent(&q.question)), segments: agent_trajectory(built, q, &mut rng) });
     }
     // Context dominance: answer whatever the context says (S1, S2 incl. multi-conflict, S5).
-    for s in built.scenarios.iter().filter(|s| s.split == Split::Train) {
+    let mut reading: Vec<_> = built.scenarios.iter().filter(|s| s.split == Split::Train).collect();
+    for i in (1..reading.len()).rev() {
+        reading.swap(i, rng.below(i + 1));
+    }
+    for s in
+        reading.into_iter().filter(|s| matches!(s.scenario.as_str(), "S1" | "S2" | "S5")).take(cfg.context_examples)
+    {
         let target = match s.scenario.as_str() {
             "S1" | "S2" | "S5" => s.context_answer.clone(),
             _ => None,

@@ -30,7 +30,12 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     assert_eq!(chat, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
 
     // Observation segments are masked; everything the policy says is trained on.
-    let ex = examples(&built, 1);
+    let ex = examples(&built, &PretrainConfig { seed: 1, ..Default::default() });
+    // Parametric-knowledge examples are repeated `fact_repeats` times per epoch.
+    let once = examples(&built, &PretrainConfig { seed: 1, fact_repeats: 1, ..Default::default() });
+    let statements = |v: &[knowrl_world::habits::Example]| v.iter().filter(|e| e.user.is_none()).count();
+    assert_eq!(statements(&ex), 3 * statements(&once));
+    assert!(statements(&once) > 0);
     let agent = ex.iter().find(|e| e.segments.iter().any(|(_, t)| !t)).expect("an agent trajectory");
     let (_, resp, mask) = encode(&tok, agent).unwrap();
     let obs =

@@ -1,0 +1,257 @@
+//! Evaluation of a policy, greedy decoding throughout:
+//! - `scenarios`: Knowledgeable-R1's context-reliability suites S1–S5 (EM against the true
+//!   answer, overall and on the PK-answerable subset), how often the answer follows the context,
+//!   and Table 4's TITE / TIFE / FITE / FIFE breakdown;
+//! - `agent`: the search agent's EM per hop count, tool calls per question (TC), tool
+//!   productivity (TP = EM in points / TC, as AKBE defines it) and, on the world, the oracle
+//!   knowledge-boundary accuracy (searched iff a hop is missing from PK) with over/under-search.
+pub mod data;
+
+use knowrl_engine::generate::generate;
+use knowrl_engine::{Policy, Rng, SamplingParams};
+use knowrl_retrieval::Retriever;
+use knowrl_rl::agent::{rollout, AgentConfig};
+use knowrl_rl::reward::{exact_match, extract_answer};
+use knowrl_rl::task::Prompt;
+use knowrl_world::questions::Question;
+use knowrl_world::suites::ScenarioItem;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub type Result<T> = knowrl_engine::Result<T>;
+
+/// Greedy single-turn answers (the last `<answer>` of each response; "" when none), batched.
+pub fn greedy_answers(policy: &Policy, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
+    let tok = policy.tokenizer()?;
+    let mut out = vec![];
+    for chunk in prompts.chunks(64) {
+        let ids: Vec<Vec<u32>> = chunk.iter().map(|p| p.ids(tok)).collect::<Result<_>>()?;
+        let params = SamplingParams { stop: vec!["</answer>".into()], ..SamplingParams::greedy(max_new) };
+        let gens = generate(&policy.lm, Some(tok), &ids, &params, &vec![0; ids.len()], &tok.eos_ids, tok.pad_id)?;
+        for g in gens {
+            out.push(extract_answer(&tok.decode(&g.tokens, true)?).unwrap_or_default());
+        }
+    }
+    Ok(out)
+}
+
+/// EM over a subset: (correct, n); `rate` is NaN for an empty subset.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Count {
+    pub correct: usize,
+    pub n: usize,
+}
+
+impl Count {
+    pub fn add(&mut self, ok: bool) {
+        self.correct += ok as usize;
+        self.n += 1;
+    }
+    pub fn rate(&self) -> f64 {
+        if self.n == 0 {
+            f64::NAN
+        } else {
+            self.correct as f64 / self.n as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ScenarioReport {
+    /// Keyed "S2-mr" etc.: EM against the true answer.
+    pub em: BTreeMap<String, Count>,
+    /// The same on PK-answerable questions.
+    pub pk_em: BTreeMap<String, Count>,
+    /// Per scenario S1..S5, all variants together.
+    pub overall: BTreeMap<String, Count>,
+    /// Answers equal to what the context states (where it states one).
+    pub follows_context: BTreeMap<String, Count>,
+    /// Table 4: TITE / TIFE / FITE / FIFE (parametric = PK-answerable by the oracle,
+    /// contextual = the context states the true answer).
+    pub knowledge: BTreeMap<String, Count>,
+}
+
+/// Parametric × contextual correctness class of an item (Knowledgeable-R1 Table 4).
+pub fn knowledge_class(item: &ScenarioItem) -> &'static str {
+    let ctx_true = item.context_answer.as_deref().is_some_and(|a| exact_match(a, &item.golden_answers));
+    match (item.pk_answerable, ctx_true) {
+        (true, true) => "TITE",
+        (true, false) => "TIFE",
+        (false, true) => "FITE",
+        (false, false) => "FIFE",
+    }
+}
+
+/// Scores `answers` (one per item) on the scenario suites.
+pub fn score_scenarios(items: &[&ScenarioItem], answers: &[String]) -> ScenarioReport {
+    let mut r = ScenarioReport::default();
+    for (s, a) in items.iter().zip(answers) {
+        let ok = exact_match(a, &s.golden_answers);
+        let key = format!("{}-{}", s.scenario, s.variant);
+        r.em.entry(key.clone()).or_default().add(ok);
+        r.overall.entry(s.scenario.clone()).or_default().add(ok);
+        if s.pk_answerable {
+            r.pk_em.entry(key.clone()).or_default().add(ok);
+        }
+        if let Some(c) = &s.context_answer {
+            r.follows_context.entry(s.scenario.clone()).or_default().add(exact_match(a, std::slice::from_ref(c)));
+        }
+        r.knowledge.entry(knowledge_class(s).into()).or_default().add(ok);
+    }
+    r
+}
+
+/// Greedy answers of `policy` under `prompt(item)` for every item, scored.
+pub fn scenarios(
+    policy: &Policy,
+    items: &[&ScenarioItem],
+    prompt: impl Fn(&ScenarioItem) -> Prompt,
+) -> Result<ScenarioReport> {
+    let prompts: Vec<Prompt> = items.iter().map(|s| prompt(s)).collect();
+    Ok(score_scenarios(items, &greedy_answers(policy, &prompts, 24)?))
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AgentReport {
+    pub n: usize,
+    pub em: f64,
+    /// EM per hop count ("1", "2", "3").
+    pub em_by_hops: BTreeMap<String, f64>,
+    /// Tool calls per question.
+    pub tc: f64,
+    /// Tool productivity: EM (points) / TC (AKBE); NaN when no tool call was made.
+    pub tp: f64,
+    /// Searched iff some hop is missing from PK (world oracle).
+    pub boundary_accuracy: f64,
+    pub over_search_rate: f64,
+    pub under_search_rate: f64,
+    /// Fraction of PK-answerable questions on which the agent searched.
+    pub pk_search_rate: f64,
+}
+
+/// One agent outcome: (correct, tool calls) for a question.
+pub fn score_agent(questions: &[&Question], outcomes: &[(bool, usize)]) -> AgentReport {
+    let n = questions.len().max(1) as f64;
+    let em = outcomes.iter().filter(|o| o.0).count() as f64 / n;
+    let tc = outcomes.iter().map(|o| o.1).sum::<usize>() as f64 / n;
+    let mut by: BTreeMap<String, Count> = BTreeMap::new();
+    for (q, o) in questions.iter().zip(outcomes) {
+        by.entry(q.hops.to_string()).or_default().add(o.0);
+    }
+    let frac = |f: &dyn Fn(&Question, usize) -> bool| {
+        questions.iter().zip(outcomes).filter(|(q, o)| f(q, o.1)).count() as f64 / n
+    };
+    let pk: Vec<usize> = (0..questions.len()).filter(|&i| questions[i].pk_answerable).collect();
+    AgentReport {
+        n: questions.len(),
+        em,
+        em_by_hops: by.into_iter().map(|(k, c)| (k, c.rate())).collect(),
+        tc,
+        tp: if tc > 0.0 { 100.0 * em / tc } else { f64::NAN },
+        boundary_accuracy: frac(&|q, c| (c > 0) == (q.min_searches > 0)),
+        over_search_rate: frac(&|q, c| c > q.min_searches),
+        under_search_rate: frac(&|q, c| c < q.min_searches),
+        pk_search_rate: pk.iter().filter(|&&i| outcomes[i].1 > 0).count() as f64 / pk.len().max(1) as f64,
+    }
+}
+
+/// Runs the search agent greedily on `questions` (prompt per question) and scores it.
+pub fn agent(
+    policy: &Policy,
+    retriever: &dyn Retriever,
+    questions: &[&Question],
+    prompt: impl Fn(&Question) -> Prompt,
+    cfg: &AgentConfig,
+) -> Result<AgentReport> {
+    let tok = policy.tokenizer()?;
+    let mut outcomes = vec![];
+    for chunk in questions.chunks(64) {
+        let ids: Vec<Vec<u32>> = chunk.iter().map(|q| prompt(q).ids(tok)).collect::<Result<_>>()?;
+        let mut rngs: Vec<Rng> = (0..ids.len()).map(|i| Rng::new(i as u64)).collect();
+        let trajs = rollout(&policy.lm, tok, &ids, retriever, cfg, &mut rngs)?;
+        outcomes.extend(
+            chunk
+                .iter()
+                .zip(&trajs)
+                .map(|(q, t)| (exact_match(t.answer.as_deref().unwrap_or(""), &q.golden_answers), t.tool_calls())),
+        );
+    }
+    Ok(score_agent(questions, &outcomes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use knowrl_world::questions::Split;
+
+    fn q(hops: usize, pk: bool, min_searches: usize) -> Question {
+        Question {
+            id: "q".into(),
+            question: "?".into(),
+            answer: "a".into(),
+            golden_answers: vec!["a".into()],
+            chain: vec![0; hops],
+            hops,
+            pk_answerable: pk,
+            missing_hops: vec![],
+            min_searches,
+            split: Split::Test,
+        }
+    }
+
+    #[test]
+    fn agent_metrics_hand_computed() {
+        // 4 questions: PK 1-hop (needs 0 searches), non-PK 1-hop (1), 2-hop needing 1, 2-hop needing 2.
+        let qs = [q(1, true, 0), q(1, false, 1), q(2, false, 1), q(2, false, 2)];
+        let refs: Vec<&Question> = qs.iter().collect();
+        // Outcomes: correct with 1 call (over-search), correct with 1, wrong with 0 (under), correct with 2.
+        let r = score_agent(&refs, &[(true, 1), (true, 1), (false, 0), (true, 2)]);
+        assert_eq!(r.em, 0.75);
+        assert_eq!(r.tc, 1.0);
+        assert!((r.tp - 75.0).abs() < 1e-12); // TP = 75 points / 1 call
+        assert_eq!(r.em_by_hops["1"], 1.0);
+        assert_eq!(r.em_by_hops["2"], 0.5);
+        // Searched iff needed: q0 searched but needs none (✗), q1 ✓, q2 needs but did not (✗), q3 ✓.
+        assert_eq!(r.boundary_accuracy, 0.5);
+        assert_eq!(r.over_search_rate, 0.25);
+        assert_eq!(r.under_search_rate, 0.25);
+        assert_eq!(r.pk_search_rate, 1.0);
+    }
+
+    fn item(scenario: &str, pk: bool, context_answer: Option<&str>) -> ScenarioItem {
+        ScenarioItem {
+            id: "i".into(),
+            question_id: "q".into(),
+            scenario: scenario.into(),
+            variant: "qa".into(),
+            split: Split::Test,
+            question: "?".into(),
+            golden_answers: vec!["Paris".into()],
+            context_ids: vec![],
+            context: vec![],
+            context_answer: context_answer.map(str::to_string),
+            pk_answerable: pk,
+            hops: 1,
+        }
+    }
+
+    #[test]
+    fn scenario_metrics_and_knowledge_classes() {
+        let items = [
+            item("S1", true, Some("Paris")),  // TITE
+            item("S2", true, Some("Lyon")),   // TIFE
+            item("S1", false, Some("Paris")), // FITE
+            item("S4", false, None),          // FIFE
+        ];
+        let refs: Vec<&ScenarioItem> = items.iter().collect();
+        let r = score_scenarios(&refs, &["Paris".into(), "Lyon".into(), "Paris".into(), "Nice".into()]);
+        assert_eq!(r.knowledge["TITE"].rate(), 1.0);
+        assert_eq!(r.knowledge["TIFE"].rate(), 0.0); // followed the counterfactual context
+        assert_eq!(r.knowledge["FITE"].rate(), 1.0);
+        assert_eq!(r.knowledge["FIFE"].rate(), 0.0);
+        assert_eq!(r.overall["S1"], Count { correct: 2, n: 2 });
+        assert_eq!(r.follows_context["S2"].rate(), 1.0);
+        assert_eq!(r.pk_em["S2-qa"].rate(), 0.0);
+        assert!(!r.pk_em.contains_key("S4-qa"));
+    }
+}

@@ -1,0 +1,47 @@
+//! GRPO / DAPO / GSPO on the search-agent loop: G trajectories per question from the agent
+//! prompt, group-relative advantages (Shao et al. 2024 §4.1.2), DAPO's dynamic sampling (drop
+//! groups whose rewards are all equal); the loss itself (token ratios or GSPO's sequence ratio,
+//! clip, aggregation) is `update::pg_backward`.
+use crate::advantage::{group_advantages, informative_groups};
+use crate::agent::Trajectory;
+use crate::config::Algorithm;
+use crate::task::Task;
+use crate::trainer::{rollout_metrics, StepCtx, StepMetrics, StepOutput};
+use crate::update::PgRow;
+
+/// Policy-gradient rows for trajectories grouped by question (shared with AKBE, whose base
+/// loss is this one). Returns the rows and the number of groups kept.
+pub fn policy_rows(
+    ctx: &StepCtx,
+    prompts: &[Vec<u32>],
+    trajs: &[Trajectory],
+    rewards: &[f64],
+    group: &[usize],
+) -> (Vec<PgRow>, usize) {
+    let alg = &ctx.cfg.algorithm;
+    let adv = group_advantages(rewards, group, alg.normalisation);
+    let kept = match alg.name {
+        Algorithm::Dapo => informative_groups(rewards, group),
+        _ => group.iter().copied().collect(),
+    };
+    let rows = (0..trajs.len())
+        .filter(|&j| kept.contains(&group[j]))
+        .map(|j| PgRow {
+            prompt: prompts[j].clone(),
+            response: trajs[j].response.clone(),
+            loss_mask: trajs[j].loss_mask.clone(),
+            advantage: adv[j],
+            weight: 1.0,
+        })
+        .collect();
+    (rows, kept.len())
+}
+
+pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
+    let (prompts, group) = ctx.replicate(tasks, ctx.cfg.rollout.group_size, |t| &t.agent)?;
+    let trajs = ctx.rollout(&prompts, true, 0)?;
+    let rewards = ctx.rewards(&trajs, tasks, &group);
+    let (pg, kept_groups) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
+    let metrics = StepMetrics { kept_groups, ..rollout_metrics(&trajs, &rewards, tasks, &group) };
+    Ok(StepOutput { pg, metrics, ..Default::default() })
+}

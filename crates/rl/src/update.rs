@@ -1,0 +1,203 @@
+//! The loss → gradient stage every method shares. A method turns its rollouts into rows:
+//! policy-gradient rows (prompt, response, loss mask, advantage, objective weight), optional
+//! cross-entropy rows (AKBE's targets) and optional preference pairs (AKBE's DPO variant); these
+//! functions score them in micro-batches and accumulate gradients. The optimiser step is the
+//! trainer's.
+use crate::config::{Algorithm, AlgorithmSection};
+use crate::loss::{clipped_surrogate, gspo_sequence_loss, kl, Aggregation};
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::{Mode, Policy};
+use tch::{Kind, Tensor};
+
+/// One response in a policy-gradient objective. The same generated tokens may appear in several
+/// rows under different prompts (Knowledgeable-R1's PK and RPK).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PgRow {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub loss_mask: Vec<bool>,
+    pub advantage: f64,
+    /// The objective's weight λ (1 for plain GRPO).
+    pub weight: f64,
+}
+
+/// A target sequence for a token-mean cross-entropy term (AKBE).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CeRow {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub loss_mask: Vec<bool>,
+}
+
+/// A preference pair sharing nothing but the question (AKBE Appendix C's DPO variant).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DpoPair {
+    pub chosen: CeRow,
+    pub rejected: CeRow,
+}
+
+/// What the batch loss is divided by. Knowledgeable-R1's released code divides the sum of
+/// J_RPK + J_PK + J_CK token losses by the tokens of the *generated* responses only, so this is
+/// the method's to say, not the rows'.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normaliser {
+    pub tokens: f64,
+    pub sequences: f64,
+}
+
+impl Normaliser {
+    /// Every row counted once (plain GRPO / DAPO / GSPO).
+    pub fn of(rows: &[PgRow]) -> Normaliser {
+        Normaliser { tokens: rows.iter().map(|r| mask_len(&r.loss_mask)).sum(), sequences: rows.len() as f64 }
+    }
+}
+
+pub fn mask_len(mask: &[bool]) -> f64 {
+    mask.iter().filter(|m| **m).count() as f64
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PgStats {
+    pub loss: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub clip_frac: f64,
+}
+
+fn requests<'a>(rows: &[&'a PgRow]) -> Vec<ScoreRequest<'a>> {
+    rows.iter()
+        .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
+        .collect()
+}
+
+/// Accumulates ∇ of the clipped policy-gradient objective (GRPO / DAPO token ratios, GSPO
+/// sequence ratios), plus the KL to `reference` when `kl_coef > 0`, over `rows`.
+pub fn pg_backward(
+    policy: &Policy,
+    reference: Option<&Policy>,
+    rows: &[PgRow],
+    norm: Normaliser,
+    alg: &AlgorithmSection,
+    temperature: f64,
+    micro_batch: usize,
+) -> PgStats {
+    let rows: Vec<&PgRow> = rows.iter().filter(|r| !r.response.is_empty()).collect();
+    let temp = temperature.max(1e-6);
+    let gspo = alg.name == Algorithm::Gspo;
+    let agg = if gspo { Aggregation::SeqMeanTokenMean } else { alg.aggregation };
+    let mut st = PgStats::default();
+    let counted: f64 = rows.iter().map(|r| mask_len(&r.loss_mask)).sum::<f64>().max(1.0);
+    for mb in rows.chunks(micro_batch.max(1)) {
+        let reqs = requests(mb);
+        // π_old is the policy that generated the batch: one update per batch, so the current
+        // weights before this step (the ratio is 1 at the first micro-batch; clipping matters
+        // when epochs per batch > 1).
+        let old = tch::no_grad(|| score(&policy.lm, &reqs, temp, Mode::EVAL).logprobs);
+        let s = score(&policy.lm, &reqs, temp, Mode::TRAIN);
+        let adv = Tensor::from_slice(&mb.iter().map(|r| r.advantage as f32).collect::<Vec<_>>());
+        let weight = Tensor::from_slice(&mb.iter().map(|r| r.weight as f32).collect::<Vec<_>>()).unsqueeze(1);
+        let (per_token, clipped) = if gspo {
+            let (l, c) = gspo_sequence_loss(&s.logprobs, &old, &adv, &s.mask, alg.clip_low, alg.clip_high);
+            (l.unsqueeze(1) * &s.mask, c.unsqueeze(1) * &s.mask)
+        } else {
+            clipped_surrogate(&s.logprobs, &old, &adv, alg.clip_low, alg.clip_high)
+        };
+        // Out of place: autograd saved `per_token`'s inputs.
+        let per_token = if alg.kl_coef > 0.0 {
+            let r = reference.unwrap_or(policy);
+            let mode = if reference.is_some() { Mode::EVAL } else { Mode::REFERENCE };
+            let reference_lp = tch::no_grad(|| score(&r.lm, &reqs, temp, mode).logprobs);
+            let k = kl(&s.logprobs, &reference_lp, alg.kl_estimator);
+            st.kl += (&k * &s.mask).sum(Kind::Float).double_value(&[]);
+            per_token + k * alg.kl_coef
+        } else {
+            per_token
+        };
+        let per_token = per_token * weight;
+        let loss = match agg {
+            Aggregation::TokenMean => (&per_token * &s.mask).sum(Kind::Float) / norm.tokens.max(1.0),
+            Aggregation::SeqMeanTokenMean => {
+                let per_seq = (&per_token * &s.mask).sum_dim_intlist(1, false, Kind::Float)
+                    / s.mask.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0);
+                per_seq.sum(Kind::Float) / norm.sequences.max(1.0)
+            }
+        };
+        loss.backward();
+        st.loss += loss.double_value(&[]);
+        st.entropy += (&s.entropy * &s.mask).sum(Kind::Float).double_value(&[]);
+        st.clip_frac += (clipped * &s.mask).sum(Kind::Float).double_value(&[]);
+    }
+    st.kl /= counted;
+    st.entropy /= counted;
+    st.clip_frac /= counted;
+    st
+}
+
+/// Per-sequence token-mean negative log-likelihood [B] of `rows` (mask applied).
+pub fn sequence_nll(policy: &Policy, rows: &[&CeRow], mode: Mode) -> Tensor {
+    let reqs: Vec<ScoreRequest> = rows
+        .iter()
+        .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
+        .collect();
+    let s = score(&policy.lm, &reqs, 1.0, mode);
+    -(&s.logprobs * &s.mask).sum_dim_intlist(1, false, Kind::Float)
+        / s.mask.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0)
+}
+
+/// Accumulates ∇ of coef × mean over rows of the per-sequence token-mean NLL; returns that
+/// mean NLL (before the coefficient).
+pub fn ce_backward(policy: &Policy, rows: &[CeRow], coef: f64, micro_batch: usize) -> f64 {
+    if rows.is_empty() || coef == 0.0 {
+        return 0.0;
+    }
+    let n = rows.len() as f64;
+    let mut total = 0.0;
+    let refs: Vec<&CeRow> = rows.iter().collect();
+    for mb in refs.chunks(micro_batch.max(1)) {
+        let nll = sequence_nll(policy, mb, Mode::TRAIN).sum(Kind::Float);
+        total += nll.double_value(&[]);
+        (nll * (coef / n)).backward();
+    }
+    total / n
+}
+
+/// Sum of a sequence's masked token log-probs [B] (DPO scores whole sequences).
+fn sequence_logp(policy: &Policy, rows: &[&CeRow], mode: Mode) -> Tensor {
+    let reqs: Vec<ScoreRequest> = rows
+        .iter()
+        .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
+        .collect();
+    let s = score(&policy.lm, &reqs, 1.0, mode);
+    (&s.logprobs * &s.mask).sum_dim_intlist(1, false, Kind::Float)
+}
+
+/// DPO (Rafailov et al. 2023): −log σ(β[(log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))]),
+/// mean over pairs × coef. Returns the mean loss.
+pub fn dpo_backward(
+    policy: &Policy,
+    reference: Option<&Policy>,
+    pairs: &[DpoPair],
+    beta: f64,
+    coef: f64,
+    micro_batch: usize,
+) -> f64 {
+    if pairs.is_empty() || coef == 0.0 {
+        return 0.0;
+    }
+    let n = pairs.len() as f64;
+    let mut total = 0.0;
+    for mb in pairs.chunks(micro_batch.max(1)) {
+        let w: Vec<&CeRow> = mb.iter().map(|p| &p.chosen).collect();
+        let l: Vec<&CeRow> = mb.iter().map(|p| &p.rejected).collect();
+        let (r, mode) = match reference {
+            Some(r) => (r, Mode::EVAL),
+            None => (policy, Mode::REFERENCE),
+        };
+        let (rw, rl) = tch::no_grad(|| (sequence_logp(r, &w, mode), sequence_logp(r, &l, mode)));
+        let margin = (sequence_logp(policy, &w, Mode::TRAIN) - rw) - (sequence_logp(policy, &l, Mode::TRAIN) - rl);
+        let loss = -(margin * beta).log_sigmoid().sum(Kind::Float);
+        total += loss.double_value(&[]);
+        (loss * (coef / n)).backward();
+    }
+    total / n
+}

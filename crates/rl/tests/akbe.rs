@@ -1,0 +1,155 @@
+//! AKBE: categories and target choice on hand-made dual-path batches (ties, all wrong, missing
+//! paths), the CE term's value with masking and its λ scaling, and a step on the world.
+mod common;
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::{Mode, Rng};
+use knowrl_rl::akbe::{
+    categorise, rejected, select_target, step, AkbeConfig, Category, OfflineSignals, Outcome, Target, TargetRule,
+};
+use knowrl_rl::trainer::StepCtx;
+use knowrl_rl::update::{ce_backward, CeRow};
+
+fn o(correct: bool, tool_calls: usize, tokens: usize) -> Outcome {
+    Outcome { correct, tool_calls, tokens }
+}
+
+#[test]
+fn categories_from_the_two_paths() {
+    let (ok, bad) = (o(true, 1, 10), o(false, 1, 10));
+    assert_eq!(categorise(&[ok, bad], &[bad]), Category::ToolDependent);
+    assert_eq!(categorise(&[ok], &[ok, bad]), Category::Efficiency);
+    assert_eq!(categorise(&[bad, bad], &[bad, ok]), Category::Hallucination);
+    assert_eq!(categorise(&[bad], &[bad]), Category::BothWrong);
+    // Missing paths count as all wrong.
+    assert_eq!(categorise(&[], &[ok]), Category::Hallucination);
+    assert_eq!(categorise(&[ok], &[]), Category::ToolDependent);
+    assert_eq!(categorise(&[], &[]), Category::BothWrong);
+}
+
+#[test]
+fn targets_ties_and_disabled_categories() {
+    let released = AkbeConfig::default();
+    let paper = AkbeConfig { target: TargetRule::FewestCallsRandom, ..AkbeConfig::default() };
+    let mut rng = Rng::new(1);
+    // With-tool: #0 wrong, #1 correct 2 calls 30 tokens, #2 correct 1 call 40 tokens, #3 correct 1 call 25 tokens.
+    let wt = [o(false, 0, 5), o(true, 2, 30), o(true, 1, 40), o(true, 1, 25)];
+    let nt = [o(false, 0, 8), o(false, 0, 6)];
+    // Released: shortest correct (#3); paper: fewest calls (#2 or #3, random tie-break).
+    assert_eq!(select_target(Category::ToolDependent, &wt, &nt, &released, &mut rng), Some(Target::WithTool(3)));
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        match select_target(Category::ToolDependent, &wt, &nt, &paper, &mut rng) {
+            Some(Target::WithTool(i)) => seen.insert(i),
+            t => panic!("{t:?}"),
+        };
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![2, 3], "both tied minimum-call trajectories are drawn");
+    // Efficiency: shortest correct no-tool; ties → the first.
+    let nt = [o(true, 0, 9), o(false, 0, 3), o(true, 0, 7), o(true, 0, 7)];
+    assert_eq!(select_target(Category::Efficiency, &wt, &nt, &released, &mut rng), Some(Target::NoTool(2)));
+    assert_eq!(select_target(Category::Hallucination, &wt, &nt, &released, &mut rng), Some(Target::NoTool(2)));
+    // Paper: any correct no-tool trajectory, never a wrong one.
+    for _ in 0..32 {
+        let t = select_target(Category::Efficiency, &wt, &nt, &paper, &mut rng);
+        assert!(matches!(t, Some(Target::NoTool(0 | 2 | 3))), "{t:?}");
+    }
+    // Both wrong: nothing. A disabled category (ablation): nothing.
+    assert_eq!(select_target(Category::BothWrong, &wt, &nt, &released, &mut rng), None);
+    let no_eff =
+        AkbeConfig { categories: vec![Category::ToolDependent, Category::Hallucination], ..AkbeConfig::default() };
+    assert_eq!(select_target(Category::Efficiency, &wt, &nt, &no_eff, &mut rng), None);
+    // DPO's rejected: the most tool calls (#1), unless it is the target.
+    assert_eq!(rejected(&wt, Target::NoTool(2)), Some(1));
+    assert_eq!(rejected(&wt, Target::WithTool(1)), None);
+}
+
+#[test]
+fn ce_value_is_masked_per_sequence_token_mean_and_scales_with_lambda() {
+    tch::set_num_threads(1);
+    let policy = common::policy();
+    let tok = policy.tokenizer().unwrap();
+    let prompt = tok.encode("<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n", false).unwrap();
+    let a = tok
+        .encode("<search> Zolis </search><information> Doc 1 </information><answer> Vobilford </answer>", false)
+        .unwrap();
+    let b = tok.encode("<answer> Draitekir </answer>", false).unwrap();
+    // Row a: the information block (observation) is masked out.
+    let obs_start = tok.encode("<search> Zolis </search>", false).unwrap().len();
+    let obs_len = tok.encode("<information> Doc 1 </information>", false).unwrap().len();
+    let mask_a: Vec<bool> = (0..a.len()).map(|i| !(obs_start..obs_start + obs_len).contains(&i)).collect();
+    let rows = vec![
+        CeRow { prompt: prompt.clone(), response: a.clone(), loss_mask: mask_a.clone() },
+        CeRow { prompt: prompt.clone(), response: b.clone(), loss_mask: vec![true; b.len()] },
+    ];
+    // By hand: per sequence, −Σ_{t ∈ mask} log p / |mask|; then the mean over sequences.
+    let nll = |resp: &[u32], mask: &[bool]| {
+        let s = score(
+            &policy.lm,
+            &[ScoreRequest { prompt: &prompt, response: resp, loss_mask: Some(mask) }],
+            1.0,
+            Mode::EVAL,
+        );
+        let lp: Vec<f32> = Vec::try_from(s.logprobs.view(-1)).unwrap();
+        let kept: Vec<f64> = lp.iter().zip(mask).filter(|(_, m)| **m).map(|(x, _)| *x as f64).collect();
+        -kept.iter().sum::<f64>() / kept.len() as f64
+    };
+    let want = (nll(&a, &mask_a) + nll(&b, &vec![true; b.len()])) / 2.0;
+    let params = policy.trainable_parameters();
+    let grads = |coef: f64| {
+        for (_, p) in &params {
+            p.shallow_clone().zero_grad();
+        }
+        let v = ce_backward(&policy, &rows, coef, 1);
+        let g: Vec<tch::Tensor> = params.iter().map(|(_, p)| p.grad().copy()).collect();
+        (v, g)
+    };
+    let (v1, g1) = grads(0.05);
+    assert!((v1 - want).abs() < 1e-5, "{v1} vs {want}");
+    // The mask matters: counting the observation tokens would give a different value.
+    let unmasked = nll(&a, &vec![true; a.len()]);
+    assert!((unmasked - nll(&a, &mask_a)).abs() > 1e-4);
+    let (v2, g2) = grads(0.1);
+    assert!((v1 - v2).abs() < 1e-9);
+    for (x, y) in g1.iter().zip(&g2) {
+        assert!((y - x * 2.0).abs().max().double_value(&[]) < 1e-6, "λ doubles the gradient");
+    }
+}
+
+#[test]
+fn a_step_on_the_world_builds_targets_for_tool_and_no_tool_paths() {
+    tch::set_num_threads(1);
+    let policy = common::policy();
+    let r = common::retriever();
+    let tasks = common::agent_tasks(40);
+    let cfg = common::config(
+        &std::env::temp_dir().join("knowrl-akbe-unused"),
+        1,
+        "[method]\nname = \"akbe\"\n[akbe]\nn_wt = 3\nn_nt = 2\n",
+    );
+    let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().take(6).collect();
+    let ctx = StepCtx {
+        policy: &policy,
+        reference: None,
+        tok: policy.tokenizer().unwrap(),
+        retriever: &r,
+        cfg: &cfg,
+        step: 0,
+    };
+    let out = step(&ctx, &picks, &mut OfflineSignals::default()).unwrap();
+    let m = &out.metrics.extra;
+    let total: f64 = Category::ALL.iter().map(|c| m[&format!("cat_{}", c.name())]).sum();
+    assert_eq!(total, 6.0, "every question is categorised once");
+    assert_eq!(out.ce.len() as f64, m["targets"]);
+    assert_eq!(out.ce_coef, 0.05);
+    // PG rows are with-tool trajectories only (3 per question).
+    assert_eq!(out.pg.len(), 18);
+    let tok = policy.tokenizer().unwrap();
+    let nt_prompts: Vec<Vec<u32>> = picks.iter().map(|t| t.no_tool.ids(tok).unwrap()).collect();
+    assert!(out.pg.iter().all(|r| !nt_prompts.contains(&r.prompt)));
+    // No-tool targets keep their own (no-tool) prompt (released code) and contain no observation.
+    for t in &out.ce {
+        if nt_prompts.contains(&t.prompt) {
+            assert!(t.loss_mask.iter().all(|m| *m));
+        }
+    }
+}

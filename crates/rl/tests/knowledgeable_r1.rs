@@ -1,0 +1,224 @@
+//! Knowledgeable-R1: golden advantages (every branch of T and β), the three objectives' values
+//! and gradient signs, and RPK = the PK responses' tokens scored under the context prompt.
+mod common;
+use knowrl_rl::knowledgeable_r1::{
+    advantages, step, transform, Beta, KnowledgeableR1Config, PkAdvantage, QuestionRewards,
+};
+use knowrl_rl::trainer::StepCtx;
+use knowrl_rl::update::{pg_backward, Normaliser};
+
+const EPS: f64 = 1e-6;
+
+fn q(ck: &[f64], pk: &[f64], ck_tokens: &[f64], pk_tokens: &[f64]) -> QuestionRewards {
+    QuestionRewards { ck: ck.into(), pk: pk.into(), ck_tokens: ck_tokens.into(), pk_tokens: pk_tokens.into() }
+}
+
+fn close(a: f64, b: f64) {
+    assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+}
+
+#[test]
+fn advantages_hand_computed_and_beta_below_zero_ck_is_one() {
+    // CK rewards [1, 0], PK [1, 1]. Pool U = {1,0,1,1}: mean 0.75, unbiased std 0.5.
+    // CK global (1−.75)/.5 = 0.5, (0−.75)/.5 = −1.5; CK local over {1,0}: ±0.5/0.70711.
+    let cfg = KnowledgeableR1Config::default();
+    let a = advantages(&cfg, &[q(&[1.0, 0.0], &[1.0, 1.0], &[2.0, 4.0], &[3.0, 3.0])]);
+    let s = 0.5f64.sqrt();
+    close(a.ck[0][0], 0.25 / (0.5 + EPS) + 0.5 / (s + EPS));
+    close(a.ck[0][1], -0.75 / (0.5 + EPS) - 0.5 / (s + EPS));
+    close(a.rpk_raw[0][0], 0.25 / (0.5 + EPS));
+    // Released code: J_PK uses the global advantage; the paper's local one is 0 here (all PK equal).
+    assert_eq!(a.pk, a.rpk_raw);
+    let local = advantages(
+        &KnowledgeableR1Config { pk_advantage: PkAdvantage::Local, ..cfg.clone() },
+        &[q(&[1.0, 0.0], &[1.0, 1.0], &[2.0, 4.0], &[3.0, 3.0])],
+    );
+    assert_eq!(local.pk, vec![vec![0.0, 0.0]]);
+    // Token-weighted E_ck = (1.2071·2 − 2.2071·4)/6 < 0 → β = 1 (released rule).
+    assert!(a.sums.0 < 0.0);
+    assert_eq!(a.beta, 1.0);
+    // The paper's trajectory sums: S_ck = −1 − ..., S_rpk− = 0 (no non-positive RPK) → guard → 1.
+    let p = advantages(
+        &KnowledgeableR1Config { beta: Beta::AdaptiveTrajectories, ..cfg.clone() },
+        &[q(&[1.0, 0.0], &[1.0, 1.0], &[2.0, 4.0], &[3.0, 3.0])],
+    );
+    assert_eq!(p.sums.2, 0.0);
+    assert_eq!(p.beta, 1.0);
+    // Ablations: without A_ck-local only the global part remains, and vice versa.
+    let g = advantages(
+        &KnowledgeableR1Config { ck_local: false, ..cfg.clone() },
+        &[q(&[1.0, 0.0], &[1.0, 1.0], &[1.0; 2], &[1.0; 2])],
+    );
+    close(g.ck[0][0], 0.25 / (0.5 + EPS));
+    let l = advantages(
+        &KnowledgeableR1Config { ck_global: false, ..cfg },
+        &[q(&[1.0, 0.0], &[1.0, 1.0], &[1.0; 2], &[1.0; 2])],
+    );
+    close(l.ck[0][0], 0.5 / (s + EPS));
+}
+
+#[test]
+fn beta_clips_at_001_and_at_1_and_is_interior_otherwise() {
+    let cfg = KnowledgeableR1Config::default();
+    // CK [1,1], PK [0,0]: pool std sqrt(1/3); A_ck = 0.866 (local part 0: all-equal CK group),
+    // Â = −0.866. E_ck = 0.866, E_rpk+ = 0, E_rpk− = −0.866 → β = −1 → clipped to 0.01.
+    let a = advantages(&cfg, &[q(&[1.0, 1.0], &[0.0, 0.0], &[1.0; 2], &[1.0; 2])]);
+    let h = 0.5 / ((1.0f64 / 3.0).sqrt() + EPS);
+    close(a.ck[0][0], h);
+    close(a.rpk_raw[0][0], -h);
+    assert_eq!(a.beta, 0.01);
+    close(a.rpk[0][0], -0.01 * h);
+
+    // CK [1,0] and PK [1,0]: A_ck sums to 0 (E_ck = 0); Â = ±h. PK token counts [1, 3]:
+    // E_rpk+ = h/4, E_rpk− = −3h/4 → β = (0 − h/4)/(−3h/4) = 1/3 (interior).
+    let a = advantages(&cfg, &[q(&[1.0, 0.0], &[1.0, 0.0], &[1.0; 2], &[1.0, 3.0])]);
+    close(a.sums.0, 0.0);
+    close(a.beta, 1.0 / 3.0);
+    close(a.rpk[0][0], h); // positive: kept
+    close(a.rpk[0][1], -h / 3.0); // non-positive: × β
+                                  // PK token counts [3, 1]: β = (−3h/4)/(−h/4) = 3. Released code keeps 3; the paper's range clips to 1.
+    let a = advantages(&cfg, &[q(&[1.0, 0.0], &[1.0, 0.0], &[1.0; 2], &[3.0, 1.0])]);
+    close(a.beta, 3.0);
+    let c = advantages(
+        &KnowledgeableR1Config { beta_upper_clip: true, ..cfg.clone() },
+        &[q(&[1.0, 0.0], &[1.0, 0.0], &[1.0; 2], &[3.0, 1.0])],
+    );
+    assert_eq!(c.beta, 1.0);
+    // Paper's trajectory sums: S_ck = 0, S_rpk+ = h, S_rpk− = −h → clip(1) = 1.
+    let p = advantages(
+        &KnowledgeableR1Config { beta: Beta::AdaptiveTrajectories, ..cfg.clone() },
+        &[q(&[1.0, 0.0], &[1.0, 0.0], &[1.0; 2], &[3.0, 1.0])],
+    );
+    close(p.beta, 1.0);
+    // Fixed β.
+    let f = advantages(
+        &KnowledgeableR1Config { beta: Beta::Fixed, fixed_beta: 0.2, ..cfg },
+        &[q(&[1.0, 0.0], &[1.0, 0.0], &[1.0; 2], &[3.0, 1.0])],
+    );
+    assert_eq!(f.beta, 0.2);
+    close(f.rpk[0][1], -0.2 * h);
+    assert_eq!(transform(0.0, 0.5), 0.0);
+    assert_eq!(transform(-2.0, 0.5), -1.0);
+    assert_eq!(transform(2.0, 0.5), 2.0);
+}
+
+fn step_ctx_rows(extra: &str) -> (Vec<knowrl_rl::update::PgRow>, Vec<knowrl_rl::task::Task>, Option<Normaliser>) {
+    tch::set_num_threads(1);
+    let policy = common::policy();
+    let r = common::retriever();
+    let tasks = common::context_tasks(2);
+    let cfg = common::config(
+        &std::env::temp_dir().join("knowrl-kr1-unused"),
+        1,
+        &format!("[method]\nname = \"knowledgeable_r1\"\n[knowledgeable_r1]\nn_pk = 3\nn_ck = 2\n{extra}"),
+    );
+    let ctx = StepCtx {
+        policy: &policy,
+        reference: None,
+        tok: policy.tokenizer().unwrap(),
+        retriever: &r,
+        cfg: &cfg,
+        step: 0,
+    };
+    let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().collect();
+    let out = step(&ctx, &picks).unwrap();
+    (out.pg, tasks, out.norm)
+}
+
+#[test]
+fn rpk_rows_are_pk_responses_scored_under_the_context_prompt() {
+    let (rows, tasks, norm) = step_ctx_rows("");
+    let policy = common::policy();
+    let tok = policy.tokenizer().unwrap();
+    let p_ids: Vec<Vec<u32>> = tasks.iter().map(|t| t.query_only.ids(tok).unwrap()).collect();
+    let c_ids: Vec<Vec<u32>> = tasks.iter().map(|t| t.with_context.as_ref().unwrap().ids(tok).unwrap()).collect();
+    // 2 questions × (2 CK + 3 RPK + 3 PK) rows.
+    assert_eq!(rows.len(), 2 * (2 + 3 + 3));
+    let pk: Vec<_> = rows.iter().filter(|r| p_ids.contains(&r.prompt)).collect();
+    let under_context: Vec<_> = rows.iter().filter(|r| c_ids.contains(&r.prompt)).collect();
+    assert_eq!(pk.len(), 6);
+    assert_eq!(under_context.len(), 10);
+    for p in &pk {
+        let qi = p_ids.iter().position(|x| *x == p.prompt).unwrap();
+        // Its RPK twin: same tokens, the same question's context prompt, not the PK prompt.
+        let twin = under_context
+            .iter()
+            .find(|r| r.response == p.response && r.prompt == c_ids[qi])
+            .expect("an RPK row with the PK response under p′");
+        assert_ne!(twin.prompt, p.prompt);
+        // Released default: J_PK's advantage is the untransformed global one, J_RPK's is T(·).
+        assert!(twin.advantage == p.advantage || (p.advantage <= 0.0 && twin.advantage >= p.advantage));
+    }
+    // Scoring the RPK row really conditions on the context: different log-probs from PK's.
+    let score = |prompt: &[u32], resp: &[u32]| {
+        let s = knowrl_engine::score::score(
+            &policy.lm,
+            &[knowrl_engine::score::ScoreRequest { prompt, response: resp, loss_mask: None }],
+            1.0,
+            knowrl_engine::Mode::EVAL,
+        );
+        s.logprobs.sum(tch::Kind::Float).double_value(&[])
+    };
+    let p = pk[0];
+    let qi = p_ids.iter().position(|x| *x == p.prompt).unwrap();
+    assert!((score(&p.prompt, &p.response) - score(&c_ids[qi], &p.response)).abs() > 1e-4);
+    // The normaliser counts generated responses once (2 × (3 + 2)), not the 3 objectives' rows.
+    let n = norm.unwrap();
+    assert_eq!(n.sequences, 10.0);
+}
+
+#[test]
+fn objectives_values_and_gradient_signs() {
+    // Ablations as λ switches: without J_PK / J_RPK the rows disappear.
+    let (rows, _, _) = step_ctx_rows("lambda_pk = 0.0");
+    assert_eq!(rows.len(), 2 * (2 + 3));
+    let (rows, _, _) = step_ctx_rows("lambda_rpk = 0.0");
+    assert_eq!(rows.len(), 2 * (2 + 3));
+
+    // On hand-made rows: at ratio 1 the clipped surrogate is −A per token, so the batch loss is
+    // −Σ_rows λ·A·|o| / N_tokens; a positive-advantage row's log-prob rises after a step and a
+    // negative one's falls.
+    tch::set_num_threads(1);
+    let policy = common::policy();
+    let tok = policy.tokenizer().unwrap();
+    let prompt = tok.encode("<|im_start|>user\nQuestion<|im_end|>\n<|im_start|>assistant\n", false).unwrap();
+    let good = tok.encode("<answer> Vobilford </answer>", false).unwrap();
+    let bad = tok.encode("<answer> Draitekir </answer>", false).unwrap();
+    let row = |resp: &Vec<u32>, a: f64, w: f64| knowrl_rl::update::PgRow {
+        prompt: prompt.clone(),
+        response: resp.clone(),
+        loss_mask: vec![true; resp.len()],
+        advantage: a,
+        weight: w,
+    };
+    let rows = vec![row(&good, 1.5, 1.0), row(&bad, -0.5, 2.0)];
+    let norm = Normaliser { tokens: 10.0, sequences: 2.0 };
+    let cfg = common::config(&std::env::temp_dir().join("knowrl-kr1-unused"), 1, "");
+    let params = policy.trainable_parameters();
+    for (_, p) in &params {
+        p.shallow_clone().zero_grad();
+    }
+    let st = pg_backward(&policy, None, &rows, norm, &cfg.algorithm, 1.0, 8);
+    let want = -(1.0 * 1.5 * good.len() as f64 + 2.0 * -0.5 * bad.len() as f64) / 10.0;
+    assert!((st.loss - want).abs() < 1e-5, "{} vs {want}", st.loss);
+    let lp = |resp: &Vec<u32>| {
+        let s = knowrl_engine::score::score(
+            &policy.lm,
+            &[knowrl_engine::score::ScoreRequest { prompt: &prompt, response: resp, loss_mask: None }],
+            1.0,
+            knowrl_engine::Mode::EVAL,
+        );
+        s.logprobs.sum(tch::Kind::Float).double_value(&[])
+    };
+    let (g0, b0) = (lp(&good), lp(&bad));
+    tch::no_grad(|| {
+        for (_, p) in &params {
+            let g = p.grad();
+            if g.defined() {
+                let _ = p.shallow_clone().f_sub_(&(g * 1e-2)).unwrap();
+            }
+        }
+    });
+    assert!(lp(&good) > g0, "positive advantage: log-prob must rise");
+    assert!(lp(&bad) < b0, "negative advantage: log-prob must fall");
+}
