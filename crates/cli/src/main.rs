@@ -8,6 +8,7 @@ mod bench;
 mod bench_retrieval;
 mod demo;
 mod generate;
+mod reproduce;
 mod retrieval;
 mod rss;
 mod train;
@@ -48,8 +49,11 @@ enum Cmd {
     /// Corpus conversions.
     #[command(subcommand)]
     Corpus(retrieval::CorpusCmd),
-    /// RL training (GRPO / DAPO / GSPO) on the world's agent suite.
+    /// RL training on the world: GRPO / DAPO / GSPO, Knowledgeable-R1, AKBE (per the config).
     Train(train::Args),
+    /// A paper's comparison on the world at an equal budget (benchmark; writes bench/results/).
+    #[command(subcommand)]
+    Reproduce(reproduce::Cmd),
     /// The synthetic knowledge world (the embedded default).
     #[command(subcommand)]
     World(world::WorldCmd),
@@ -70,6 +74,7 @@ fn main() {
         Cmd::Corpus(c) => retrieval::corpus(c),
         Cmd::World(c) => world::run(c),
         Cmd::Train(a) => train::run(a),
+        Cmd::Reproduce(c) => reproduce::run(c),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

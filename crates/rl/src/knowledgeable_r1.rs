@@ -39,7 +39,8 @@ pub enum PkAdvantage {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct KnowledgeableR1Config {
-    /// Responses per question from the query-only prompt p (released script: 16).
+    /// Responses per question from the query-only prompt p (released script: 16). 0 (with
+    /// `ck_global = false`, n_ck doubled) is the GRPO-with-RAG baseline at an equal budget.
     pub n_pk: usize,
     /// Responses per question from the context prompt p′ (released script: 16).
     pub n_ck: usize,
@@ -77,8 +78,9 @@ impl Default for KnowledgeableR1Config {
 
 impl KnowledgeableR1Config {
     pub fn validate(&self) -> Result<(), String> {
-        if self.n_pk == 0 || self.n_ck == 0 {
-            return Err("field `knowledgeable_r1.n_pk`/`n_ck`: both paths need at least one response".into());
+        // n_pk = 0 with ck_global = false is GRPO with RAG (the paper's baseline).
+        if self.n_ck == 0 {
+            return Err("field `knowledgeable_r1.n_ck`: the context path needs at least one response".into());
         }
         if !(self.ck_local || self.ck_global) {
             return Err("field `knowledgeable_r1.ck_local`/`ck_global`: CK needs at least one of them".into());
