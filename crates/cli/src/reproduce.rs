@@ -10,6 +10,7 @@ use knowrl_rl::akbe::{Category, Signals};
 use knowrl_rl::config::{Algorithm, TrainConfig};
 use knowrl_rl::knowledgeable_r1::Beta;
 use knowrl_rl::task::Prompt;
+use knowrl_rl::trainer::StepMetrics;
 use knowrl_world::questions::Split;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -79,7 +80,7 @@ fn run_arms<T>(
     arms: &[Arm],
     a: &Args,
     method: &str,
-    eval: &dyn Fn(&knowrl_engine::Policy) -> Result<T>,
+    eval: &dyn Fn(&knowrl_engine::Policy, &knowrl_retrieval::dense::DenseRetriever, &[StepMetrics]) -> Result<T>,
 ) -> Result<Vec<(String, Vec<T>, Vec<f64>)>> {
     let mut out = vec![];
     for arm in arms {
@@ -92,9 +93,10 @@ fn run_arms<T>(
             cfg.run.out_dir = PathBuf::from(format!("runs/reproduce-{method}/{}-seed{seed}", slug(arm.label)));
             cfg.validate().map_err(anyhow::Error::msg)?;
             let policy = load(&cfg)?;
-            let m = train_with_progress(&policy, &cfg, false, &format!("{} seed {seed}", arm.label))?;
+            let retriever = crate::train::retriever(&cfg)?;
+            let m = train_with_progress(&policy, &retriever, &cfg, false, &format!("{} seed {seed}", arm.label))?;
             step_s.push(m.iter().map(|x| x.step_s).sum::<f64>() / m.len().max(1) as f64);
-            evals.push(eval(&policy)?);
+            evals.push(eval(&policy, &retriever, &m)?);
             eprintln!("{}: seed {seed} done", arm.label);
         }
         if seeds > 0 {
@@ -171,7 +173,12 @@ pub fn bar_svg(title: &str, categories: &[String], series: &[(String, Vec<f64>)]
     for t in 0..=4 {
         let v = max * t as f64 / 4.0;
         let y = top + plot_h * (1.0 - t as f64 / 4.0);
-        s += &format!(r##"<line x1="{left}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{v:.0}</text>"##, w - 20.0, left - 4.0, y + 4.0);
+        s += &format!(
+            r##"<line x1="{left}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{v:.0}</text>"##,
+            w - 20.0,
+            left - 4.0,
+            y + 4.0
+        );
     }
     for (ci, c) in categories.iter().enumerate() {
         let gx = left + group_w * ci as f64 + group_w * 0.1;
@@ -190,7 +197,11 @@ pub fn bar_svg(title: &str, categories: &[String], series: &[(String, Vec<f64>)]
                 colours[si % colours.len()]
             );
         }
-        s += &format!(r#"<text x="{:.1}" y="{}" text-anchor="middle">{c}</text>"#, gx + group_w * 0.4, h - bottom + 16.0);
+        s += &format!(
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{c}</text>"#,
+            gx + group_w * 0.4,
+            h - bottom + 16.0
+        );
     }
     for (si, (name, _)) in series.iter().enumerate() {
         let x = left + 10.0 + 150.0 * (si % 4) as f64;
@@ -213,8 +224,11 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
     let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from).to_vec();
     let items = sample(scenario_items(&world, Split::Test, &all).map_err(anyhow::Error::msg)?, a.limit);
     let refs: Vec<&knowrl_world::suites::ScenarioItem> = items.iter().collect();
-    let rag = |s: &knowrl_world::suites::ScenarioItem| Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context));
-    let query_only = |s: &knowrl_world::suites::ScenarioItem| Prompt::user(knowrl_world::prompts::query_only(&s.question));
+    let rag = |s: &knowrl_world::suites::ScenarioItem| {
+        Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
+    };
+    let query_only =
+        |s: &knowrl_world::suites::ScenarioItem| Prompt::user(knowrl_world::prompts::query_only(&s.question));
     let n = base.knowledgeable_r1.n_pk + base.knowledgeable_r1.n_ck;
     let arms = vec![
         // GRPO with RAG at the same number of samples per question: all n from p′, plain group advantages.
@@ -236,7 +250,8 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
         ("Query-only prompting".to_string(), vec![knowrl_eval::scenarios(&policy, &refs, query_only)?], vec![]),
         ("RAG prompting".to_string(), vec![knowrl_eval::scenarios(&policy, &refs, rag)?], vec![]),
     ];
-    let trained = run_arms(&base, &arms, &a, "knowledgeable-r1", &|p| Ok(knowrl_eval::scenarios(p, &refs, rag)?))?;
+    let trained =
+        run_arms(&base, &arms, &a, "knowledgeable-r1", &|p, _, _| Ok(knowrl_eval::scenarios(p, &refs, rag)?))?;
     let rows: Vec<(String, Vec<ScenarioReport>, Vec<f64>)> = baselines.into_iter().chain(trained).collect();
 
     let scen = ["S1", "S2", "S3", "S4", "S5"];
@@ -265,7 +280,11 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
         let mut pk = vec![];
         for s in scen {
             let v = col(r, &|x| {
-                let (c, n) = x.pk_em.iter().filter(|(k, _)| k.starts_with(s)).fold((0, 0), |a, (_, c)| (a.0 + c.correct, a.1 + c.n));
+                let (c, n) = x
+                    .pk_em
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(s))
+                    .fold((0, 0), |a, (_, c)| (a.0 + c.correct, a.1 + c.n));
                 if n == 0 {
                     f64::NAN
                 } else {
@@ -288,7 +307,8 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
             if step_s.is_empty() { "–".into() } else { format!("{:.2}", mean_std(step_s).0) }
         );
     }
-    md += "\n## Table 3 layout: PK-answerable subset\n\n| method | S1 | S2 | S3 | S4 | S5 |\n|---|---|---|---|---|---|\n";
+    md +=
+        "\n## Table 3 layout: PK-answerable subset\n\n| method | S1 | S2 | S3 | S4 | S5 |\n|---|---|---|---|---|---|\n";
     for (label, _, _) in &rows {
         let j = &table[label];
         let cells: Vec<String> = scen.iter().map(|s| cell(&to_vec(&j[format!("{s}_pk")]), 1.0)).collect();
@@ -336,8 +356,14 @@ fn akbe(a: Args) -> Result<()> {
     let retriever = crate::world_eval::world_retriever(&world)?;
     let r = &base.rollout;
     let agent_cfg = knowrl_rl::agent::AgentConfig::new(r.max_turns, r.topk, r.max_tokens_per_turn, 0.0);
-    let eval = |p: &knowrl_engine::Policy| {
-        Ok(knowrl_eval::agent(p, &retriever, &refs, |q| Prompt::user(knowrl_world::prompts::agent(&q.question)), &agent_cfg)?)
+    let eval = |p: &knowrl_engine::Policy| -> Result<AgentReport> {
+        Ok(knowrl_eval::agent(
+            p,
+            &retriever,
+            &refs,
+            |q| Prompt::user(knowrl_world::prompts::agent(&q.question)),
+            &agent_cfg,
+        )?)
     };
     let plain = |c: &mut TrainConfig| {
         // The base algorithm alone, at AKBE's with-tool group size.
@@ -363,12 +389,14 @@ fn akbe(a: Args) -> Result<()> {
         arm("w/o Hallucination", true, only(&[ToolDependent, Efficiency])),
         arm("w/ Tool-dependent only", true, only(&[ToolDependent])),
         arm("Offline AKBE", true, |c| c.akbe.signals = Signals::Offline),
-        arm("AKBE, with-tool teacher prompt", true, |c| c.akbe.teacher_prompt = knowrl_rl::akbe::TeacherPrompt::WithTool),
+        arm("AKBE, with-tool teacher prompt", true, |c| {
+            c.akbe.teacher_prompt = knowrl_rl::akbe::TeacherPrompt::WithTool
+        }),
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
     let before = eval(&policy)?;
-    let trained = run_arms(&base, &arms, &a, "akbe", &eval)?;
+    let trained = run_arms(&base, &arms, &a, "akbe", &|p, _, _| eval(p))?;
     let rows: Vec<(String, Vec<AgentReport>, Vec<f64>)> =
         std::iter::once(("Pretrained policy".to_string(), vec![before], vec![])).chain(trained).collect();
     let mut table = serde_json::Map::new();

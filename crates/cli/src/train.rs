@@ -9,7 +9,7 @@ use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task}
 use knowrl_rl::akbe::{Objective, Signals};
 use knowrl_rl::config::{Method, Suite, TrainConfig};
 use knowrl_rl::task::Task;
-use knowrl_rl::trainer::{train, StepMetrics};
+use knowrl_rl::trainer::{train, StepMetrics, TrainEnv};
 use knowrl_world::questions::Split;
 use std::path::PathBuf;
 
@@ -55,15 +55,33 @@ pub fn load(cfg: &TrainConfig) -> Result<Policy> {
         .with_context(|| format!("loading {}", cfg.model.path.display()))
 }
 
+/// The world's retriever; with a fresh query-side LoRA when BRIDGE trains it.
+pub fn retriever(cfg: &TrainConfig) -> Result<knowrl_retrieval::dense::DenseRetriever> {
+    let lora = (cfg.method.name == Method::Bridge).then(|| knowrl_engine::LoraConfig {
+        rank: cfg.bridge.lora_rank,
+        alpha: cfg.bridge.lora_alpha,
+        dropout: 0.0,
+        target_modules: vec!["query".into(), "value".into()],
+    });
+    crate::world_eval::world_retriever_with(&cfg.data.world, lora)
+}
+
 /// Trains with a progress bar; returns the metrics of the steps run.
-pub fn train_with_progress(policy: &Policy, cfg: &TrainConfig, resume: bool, label: &str) -> Result<Vec<StepMetrics>> {
+pub fn train_with_progress(
+    policy: &Policy,
+    retriever: &knowrl_retrieval::dense::DenseRetriever,
+    cfg: &TrainConfig,
+    resume: bool,
+    label: &str,
+) -> Result<Vec<StepMetrics>> {
     let tasks = tasks(cfg)?;
     let reference = reference(cfg)?;
-    let retriever = crate::world_eval::world_retriever(&cfg.data.world)?;
     let bar = ProgressBar::new(cfg.run.steps);
     bar.set_style(ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
     bar.set_prefix(label.to_string());
-    let metrics = train(policy, reference.as_ref(), &tasks, &retriever, cfg, resume, &|m| {
+    let dense = (cfg.method.name == Method::Bridge).then_some(retriever);
+    let env = TrainEnv { policy, reference: reference.as_ref(), retriever, dense };
+    let metrics = train(&env, &tasks, cfg, resume, &|m| {
         bar.set_position(m.step + 1);
         bar.set_message(format!(
             "reward {:.3} tools {:.2} kl {:.4} {:.1}s/step",
@@ -77,7 +95,8 @@ pub fn train_with_progress(policy: &Policy, cfg: &TrainConfig, resume: bool, lab
 pub fn run(a: Args) -> Result<()> {
     let cfg = TrainConfig::load(&a.config).map_err(|e| anyhow::anyhow!(e))?;
     let policy = load(&cfg)?;
-    let metrics = train_with_progress(&policy, &cfg, a.resume, "train")?;
+    let retriever = retriever(&cfg)?;
+    let metrics = train_with_progress(&policy, &retriever, &cfg, a.resume, "train")?;
     if let Some(out) = a.export {
         policy.export_hf(&out, tch::Kind::Float)?;
         println!("exported {}", out.display());

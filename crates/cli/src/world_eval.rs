@@ -27,8 +27,16 @@ pub fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result
 
 /// The world's search tool: its tiny dense retriever over `corpus.jsonl` (exact, in memory).
 pub fn world_retriever(world: &std::path::Path) -> Result<DenseRetriever> {
+    world_retriever_with(world, None)
+}
+
+/// The same, with a query-side LoRA on the encoder (passages are encoded without it).
+pub fn world_retriever_with(
+    world: &std::path::Path,
+    lora: Option<knowrl_engine::LoraConfig>,
+) -> Result<DenseRetriever> {
     let (passages, _) = read_corpus(&world.join("corpus.jsonl"), false)?;
-    let enc = Encoder::load(&world.join("encoder"), &LoadOptions::default())?;
+    let enc = Encoder::load(&world.join("encoder"), &LoadOptions { lora, ..Default::default() })?;
     let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
     let vecs: Vec<tch::Tensor> = texts.chunks(128).map(|c| enc.embed_passages(c)).collect::<Result<_, _>>()?;
     let flat = FlatIndex::from_tensor(&tch::Tensor::cat(&vecs, 0), VecDtype::F32);

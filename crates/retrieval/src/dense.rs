@@ -114,6 +114,24 @@ impl DenseRetriever {
     }
 }
 
+impl DenseRetriever {
+    /// Scores s(h, d) [Q, k] of fixed candidate rows (logged at rollout time) under the current
+    /// query adapter; differentiable w.r.t. the adapter in `Mode::TRAIN`.
+    pub fn scores_of(&self, queries: &[String], ids: &[Vec<usize>], mode: Mode) -> Result<Tensor> {
+        let enc = self.encoder.lock().unwrap();
+        let q: Vec<&str> = queries.iter().map(String::as_str).collect();
+        let query_emb = enc.embed_queries(&q, mode)?;
+        let flat = self.index.flat();
+        let passages = Tensor::stack(&ids.iter().map(|row| flat.gather(row)).collect::<Vec<_>>(), 0);
+        Ok((query_emb.unsqueeze(1) * passages).sum_dim_intlist(-1, false, Kind::Float))
+    }
+
+    /// Top-k row ids per query under the current adapter (no gradients).
+    pub fn top_rows(&self, queries: &[String], k: usize) -> Result<Vec<Vec<usize>>> {
+        Ok(self.index.search(&self.embed_queries(queries)?, k)?.1)
+    }
+}
+
 impl Retriever for DenseRetriever {
     fn search(&self, queries: &[String], k: usize) -> Result<Vec<Vec<Hit>>> {
         if queries.is_empty() {

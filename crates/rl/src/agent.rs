@@ -46,6 +46,9 @@ pub struct Trajectory {
     pub logprobs: Vec<f32>,
     pub queries: Vec<String>,
     pub retrieved_ids: Vec<Vec<String>>,
+    /// Where each search's `<information>` block starts in `response` (so the history h_t
+    /// before retrieval turn t is `prompt + response[..observation_starts[t]]`).
+    pub observation_starts: Vec<usize>,
     pub invalid_actions: usize,
     /// The decoded response (observations included).
     pub text: String,
@@ -186,6 +189,8 @@ pub fn run(
                 let mut ids = tok.encode(&obs, false)?;
                 ids.truncate(cfg.max_obs_tokens);
                 out[i].queries.push(q);
+                let start = out[i].response.len();
+                out[i].observation_starts.push(start);
                 out[i].retrieved_ids.push(hits.iter().map(|h| h.id.clone()).collect());
                 blocks[i] = ids;
             }

@@ -25,6 +25,9 @@ pub struct TrainConfig {
     /// AKBE's knobs (used when `method.name = "akbe"`).
     #[serde(default)]
     pub akbe: crate::akbe::AkbeConfig,
+    /// BRIDGE's knobs (used when `method.name = "bridge"`).
+    #[serde(default)]
+    pub bridge: crate::bridge::BridgeConfig,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -37,6 +40,8 @@ pub enum Method {
     KnowledgeableR1,
     /// ../shared/papers/akbe.txt: dual-path rollouts + CE on knowledge-boundary targets.
     Akbe,
+    /// ../shared/papers/bridge.txt: query-LoRA retriever (lower level) + GRPO policy (upper).
+    Bridge,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -179,6 +184,7 @@ impl TrainConfig {
         match self.method.name {
             Method::KnowledgeableR1 => self.knowledgeable_r1.validate()?,
             Method::Akbe => self.akbe.validate()?,
+            Method::Bridge => self.bridge.validate(self.rollout.topk)?,
             Method::Grpo => {}
         }
         Ok(())

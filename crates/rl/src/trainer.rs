@@ -9,10 +9,11 @@ use crate::agent::{rollout, AgentConfig, Trajectory};
 use crate::config::{Method, TrainConfig};
 use crate::reward::reward;
 use crate::task::{Prompt, Task};
-use crate::update::{ce_backward, dpo_backward, pg_backward, CeRow, DpoPair, Normaliser, PgRow};
+use crate::update::{ce_backward, dpo_backward, pg_backward, rag_backward, CeRow, DpoPair, Normaliser, PgRow, RagTurn};
 use knowrl_engine::checkpoint;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
 use knowrl_engine::{Policy, Rng, Tokenizer};
+use knowrl_retrieval::dense::DenseRetriever;
 use knowrl_retrieval::{Hit, Retriever};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -47,8 +48,19 @@ pub struct StepCtx<'a> {
     pub reference: Option<&'a Policy>,
     pub tok: &'a Tokenizer,
     pub retriever: &'a dyn Retriever,
+    /// The same retriever as a dense one with a query adapter (BRIDGE trains it).
+    pub dense: Option<&'a DenseRetriever>,
     pub cfg: &'a TrainConfig,
     pub step: u64,
+}
+
+/// What a run trains with: the policy, a frozen copy of its starting weights when needed (KL or
+/// DPO without LoRA, AKBE's offline signals), and the search tool.
+pub struct TrainEnv<'a> {
+    pub policy: &'a Policy,
+    pub reference: Option<&'a Policy>,
+    pub retriever: &'a dyn Retriever,
+    pub dense: Option<&'a DenseRetriever>,
 }
 
 /// A step's rollouts turned into loss rows, plus its rollout metrics.
@@ -60,6 +72,8 @@ pub struct StepOutput {
     pub ce_coef: f64,
     pub dpo: Vec<DpoPair>,
     pub dpo_beta: f64,
+    /// Policy-side RAG-likelihood terms (coef, turns): BRIDGE's Drop / two-state estimators.
+    pub rag: Vec<(f64, Vec<RagTurn>)>,
     pub metrics: StepMetrics,
 }
 
@@ -152,18 +166,16 @@ pub fn rollout_metrics(trajs: &[Trajectory], rewards: &[f64], tasks: &[&Task], g
     }
 }
 
-/// Trains `policy` in place for `cfg.run.steps` steps (continuing from the latest checkpoint
-/// when `resume`). `reference` is a frozen copy of the starting weights (needed for KL or DPO
-/// without LoRA, and AKBE's offline signals). Returns the metrics of the steps run by this call.
+/// Trains `env.policy` in place for `cfg.run.steps` steps (continuing from the latest
+/// checkpoint when `resume`). Returns the metrics of the steps run by this call.
 pub fn train(
-    policy: &Policy,
-    reference: Option<&Policy>,
+    env: &TrainEnv,
     tasks: &[Task],
-    retriever: &dyn Retriever,
     cfg: &TrainConfig,
     resume: bool,
     on_step: &dyn Fn(&StepMetrics),
 ) -> knowrl_engine::Result<Vec<StepMetrics>> {
+    let TrainEnv { policy, reference, retriever, dense } = *env;
     let tok = policy.tokenizer()?;
     let out = &cfg.run.out_dir;
     std::fs::create_dir_all(out).map_err(|e| knowrl_engine::EngineError::io(out, e))?;
@@ -196,15 +208,21 @@ pub fn train(
         std::fs::remove_file(&metrics_path).map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
     }
     let mut akbe_signals = crate::akbe::OfflineSignals::default();
+    let mut bridge_state = crate::bridge::BridgeState::new();
+    let adapter_file = out.join("retriever-adapter.safetensors");
+    if let (true, Some(d), true) = (resume && start > 0, dense, adapter_file.exists()) {
+        d.encoder.lock().unwrap().load_adapter(&adapter_file)?;
+    }
     let mut all = vec![];
     for step in start..cfg.run.steps {
         let t0 = Instant::now();
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
-        let ctx = StepCtx { policy, reference, tok, retriever, cfg, step };
+        let ctx = StepCtx { policy, reference, tok, retriever, dense, cfg, step };
         let out = match cfg.method.name {
             Method::Grpo => crate::grpo::step(&ctx, &picks)?,
             Method::KnowledgeableR1 => crate::knowledgeable_r1::step(&ctx, &picks)?,
             Method::Akbe => crate::akbe::step(&ctx, &picks, &mut akbe_signals)?,
+            Method::Bridge => crate::bridge::step(&ctx, &picks, &mut bridge_state)?,
         };
         let rollout_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
@@ -218,6 +236,9 @@ pub fn train(
         }
         if !out.dpo.is_empty() {
             extra.insert("dpo_loss".into(), dpo_backward(policy, reference, &out.dpo, out.dpo_beta, out.ce_coef, mb));
+        }
+        for (i, (coef, turns)) in out.rag.iter().enumerate() {
+            extra.insert(format!("policy_l_rag_{i}"), rag_backward(policy, turns, *coef, mb));
         }
         let any = !out.pg.is_empty() || !out.ce.is_empty() || !out.dpo.is_empty();
         let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
@@ -248,6 +269,10 @@ pub fn train(
         all.push(metrics);
         let done = step + 1;
         if (cfg.run.checkpoint_every > 0 && done % cfg.run.checkpoint_every == 0) || done == cfg.run.steps {
+            // The retriever adapter first: a checkpoint that exists has its adapter beside it.
+            if let (Some(d), Method::Bridge) = (dense, cfg.method.name) {
+                d.encoder.lock().unwrap().save_adapter(&adapter_file)?;
+            }
             checkpoint::save(&ckpt_root, done, &params, &opt, &serde_json::json!({ "rng": rng }))?;
         }
     }

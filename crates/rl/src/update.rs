@@ -201,3 +201,36 @@ pub fn dpo_backward(
     }
     total / n
 }
+
+/// One retrieval turn for the policy-side RAG likelihood: the candidates' teacher-forcing rows
+/// (h_t + ⟨information⟩d, y) and the retriever's fixed ρ(d|h_t) over them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RagTurn {
+    pub docs: Vec<CeRow>,
+    pub rho: Vec<f64>,
+}
+
+/// Accumulates ∇_θ of coef × L_RAG(θ) with L_RAG = −mean_t log Σ_d ρ_d p_θ(y | h_t, d)
+/// (Lewis et al. 2020's marginal likelihood; BRIDGE's Drop and two-state estimators).
+/// Returns L_RAG.
+pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, micro_batch: usize) -> f64 {
+    if turns.is_empty() || coef == 0.0 {
+        return 0.0;
+    }
+    let n = turns.len() as f64;
+    let k = turns[0].docs.len().max(1);
+    let per = (micro_batch.max(1) / k).max(1);
+    let mut total = 0.0;
+    for mb in turns.chunks(per) {
+        let rows: Vec<&CeRow> = mb.iter().flat_map(|t| t.docs.iter()).collect();
+        let logp = -sequence_nll(policy, &rows, Mode::TRAIN)
+            * Tensor::from_slice(&rows.iter().map(|r| mask_len(&r.loss_mask) as f32).collect::<Vec<_>>());
+        let log_rho: Vec<f32> = mb.iter().flat_map(|t| t.rho.iter().map(|r| r.max(1e-30).ln() as f32)).collect();
+        let shape = [mb.len() as i64, k as i64];
+        let mix = (logp.view(shape) + Tensor::from_slice(&log_rho).view(shape)).logsumexp([1i64].as_slice(), false);
+        let loss = -mix.sum(Kind::Float);
+        total += loss.double_value(&[]);
+        (loss * (coef / n)).backward();
+    }
+    total / n
+}

@@ -132,6 +132,7 @@ fn a_step_on_the_world_builds_targets_for_tool_and_no_tool_paths() {
         reference: None,
         tok: policy.tokenizer().unwrap(),
         retriever: &r,
+        dense: None,
         cfg: &cfg,
         step: 0,
     };

@@ -117,6 +117,7 @@ fn step_ctx_rows(extra: &str) -> (Vec<knowrl_rl::update::PgRow>, Vec<knowrl_rl::
         reference: None,
         tok: policy.tokenizer().unwrap(),
         retriever: &r,
+        dense: None,
         cfg: &cfg,
         step: 0,
     };

@@ -2,7 +2,7 @@
 //! a run resumed from its step-1 checkpoint ends bit-identical to an uninterrupted one.
 mod common;
 use common::{agent_tasks, config, policy, retriever};
-use knowrl_rl::trainer::train;
+use knowrl_rl::trainer::{train, TrainEnv};
 
 #[test]
 fn grpo_runs_checkpoints_and_resumes_bit_identically() {
@@ -14,7 +14,14 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     let load = policy;
 
     let a = load();
-    let ma = train(&a, None, &tasks, &r, &config(&base.join("a"), 2, ""), false, &|_| {}).unwrap();
+    let ma = train(
+        &TrainEnv { policy: &a, reference: None, retriever: &r, dense: None },
+        &tasks,
+        &config(&base.join("a"), 2, ""),
+        false,
+        &|_| {},
+    )
+    .unwrap();
     assert_eq!(ma.len(), 2);
     let lines = std::fs::read_to_string(base.join("a/metrics.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 2);
@@ -22,9 +29,23 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
 
     // Interrupted after step 1, resumed by a fresh process state from the checkpoint.
     let b = load();
-    train(&b, None, &tasks, &r, &config(&base.join("b"), 1, ""), false, &|_| {}).unwrap();
+    train(
+        &TrainEnv { policy: &b, reference: None, retriever: &r, dense: None },
+        &tasks,
+        &config(&base.join("b"), 1, ""),
+        false,
+        &|_| {},
+    )
+    .unwrap();
     let b2 = load();
-    let mb = train(&b2, None, &tasks, &r, &config(&base.join("b"), 2, ""), true, &|_| {}).unwrap();
+    let mb = train(
+        &TrainEnv { policy: &b2, reference: None, retriever: &r, dense: None },
+        &tasks,
+        &config(&base.join("b"), 2, ""),
+        true,
+        &|_| {},
+    )
+    .unwrap();
     assert_eq!(mb.len(), 1, "resumed run does only the remaining step");
     assert_eq!(mb[0].reward, ma[1].reward);
     assert_eq!(mb[0].tool_calls, ma[1].tool_calls);

@@ -21,8 +21,13 @@ pub fn policy() -> Policy {
 }
 
 pub fn retriever() -> DenseRetriever {
+    retriever_with(None)
+}
+
+/// The world's retriever with a query-side LoRA (BRIDGE).
+pub fn retriever_with(lora: Option<knowrl_engine::LoraConfig>) -> DenseRetriever {
     let (passages, _) = read_corpus(&world().join("corpus.jsonl"), false).unwrap();
-    let enc = Encoder::load(&world().join("encoder"), &LoadOptions::default()).unwrap();
+    let enc = Encoder::load(&world().join("encoder"), &LoadOptions { lora, ..Default::default() }).unwrap();
     let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
     let v: Vec<tch::Tensor> = texts.chunks(256).map(|c| enc.embed_passages(c).unwrap()).collect();
     DenseRetriever::new(

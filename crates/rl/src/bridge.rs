@@ -1,0 +1,506 @@
+//! BRIDGE (../shared/papers/bridge.txt): bilevel co-training of a query-side LoRA on the dense
+//! retriever (lower level) and the policy (upper level, GRPO). The paper's copy lost Eqs.
+//! (6)–(17); the derivation implemented here is in docs/methods/bridge.md, equation by equation
+//! (numbers B1–B9 below refer to it).
+//!
+//! Per step: rollouts with the current retriever η (top-m shown) → GRPO advantages → every
+//! retrieval turn t of trajectory i is logged with its history h_{i,t}, top-k candidates N_k,
+//! ρ_old(d|h) and the policy's answer likelihood p_θ(y|h,d) → retriever update on the penalised
+//! lower-level loss (B6) → policy update with the chosen estimator (B7–B9).
+use crate::agent::Trajectory;
+use crate::grpo::policy_rows;
+use crate::task::Task;
+use crate::trainer::{rollout_metrics, StepCtx, StepOutput};
+use crate::update::{CeRow, RagTurn};
+use knowrl_engine::optim::{AdamW, AdamWConfig};
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::Mode;
+use knowrl_retrieval::dense::DenseRetriever;
+use knowrl_retrieval::format::{information_block, PassageStyle};
+use knowrl_retrieval::Hit;
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// How the policy gradient treats the lower level (§3.2; B7–B9).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Estimator {
+    /// BRIDGE: −∇_θ J_RL(θ, η_γ) only (single retriever state).
+    #[default]
+    Bridge,
+    /// Drop the value-function term: −∇_θ J_RL + γ ∇_θ L_RAG(θ, η_γ).
+    Drop,
+    /// Two-state first-order penalty estimator: also tracks the RAG-only retriever η*:
+    /// −∇_θ J_RL + γ (∇_θ L_RAG(θ, η_γ) − ∇_θ L_RAG(θ, η*)).
+    TwoState,
+}
+
+/// Training schedules of §4.2 (same rollout machinery, different update switches).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Pipeline {
+    /// Online bilevel: retriever (RL credit + RAG) then policy, every step.
+    #[default]
+    Bridge,
+    /// The fixed-retriever baseline (GRPO through the same code path).
+    Fixed,
+    /// `phase_steps` retriever-only steps (RAG likelihood), then policy-only steps.
+    RagThenRl,
+    /// Policy-only steps, then the last `phase_steps` retriever-only (RAG likelihood).
+    RlThenRag,
+    /// Online, the retriever trained with the RL credit only.
+    DecoupledRl,
+    /// Online, the retriever trained with the RAG likelihood only.
+    DecoupledRag,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BridgeConfig {
+    /// Candidates per retrieval turn N_k (paper 40); the policy sees `rollout.topk` = m.
+    pub k: usize,
+    /// Retrieval temperature τ_r of ρ_η (paper 0.4).
+    pub tau_r: f64,
+    /// Posterior temperature τ_p of the credit weights (paper 0.5).
+    pub tau_p: f64,
+    /// Penalty γ: the retriever loss weighs RL and RAG by 1/(1+γ) and γ/(1+γ) (paper 0.25).
+    pub gamma: f64,
+    /// Retriever LoRA learning rate (paper 1e-5 for E5-base).
+    pub retriever_lr: f64,
+    pub lora_rank: i64,
+    pub lora_alpha: f64,
+    /// Retriever update every N steps (periodic updates, §3.2).
+    pub update_every: u64,
+    /// Ratio clip of the retrieval-credit surrogate.
+    pub clip: f64,
+    pub estimator: Estimator,
+    pub pipeline: Pipeline,
+    /// Steps of the retriever-only phase of rag_then_rl / rl_then_rag.
+    pub phase_steps: u64,
+    /// How the gold answer y is written after an `<information>` block for p_θ(y|h,d).
+    pub answer_template: String,
+    /// Every N steps, measure the three estimators against each other (needs two_state).
+    pub fidelity_every: u64,
+}
+
+impl Default for BridgeConfig {
+    fn default() -> Self {
+        BridgeConfig {
+            k: 10,
+            tau_r: 0.4,
+            tau_p: 0.5,
+            gamma: 0.25,
+            retriever_lr: 1e-3,
+            lora_rank: 16,
+            lora_alpha: 16.0,
+            update_every: 1,
+            clip: 0.2,
+            estimator: Estimator::Bridge,
+            pipeline: Pipeline::Bridge,
+            phase_steps: 0,
+            answer_template: "<answer> {} </answer>".into(),
+            fidelity_every: 0,
+        }
+    }
+}
+
+impl BridgeConfig {
+    pub fn validate(&self, m: usize) -> Result<(), String> {
+        if self.k < m {
+            return Err(format!("field `bridge.k`: {} candidates < rollout.topk = {m} shown", self.k));
+        }
+        if self.tau_r <= 0.0 || self.tau_p <= 0.0 {
+            return Err("field `bridge.tau_r`/`tau_p`: temperatures must be positive".into());
+        }
+        if !self.answer_template.contains("{}") {
+            return Err("field `bridge.answer_template`: needs a {} for the answer".into());
+        }
+        if self.fidelity_every > 0 && self.estimator != Estimator::TwoState {
+            return Err("field `bridge.fidelity_every`: needs estimator = \"two_state\" (the reference)".into());
+        }
+        Ok(())
+    }
+
+    /// (w_rl, w_rag) of the retriever loss under the pipeline (B6).
+    pub fn retriever_weights(&self) -> (f64, f64) {
+        match self.pipeline {
+            Pipeline::Bridge => (1.0 / (1.0 + self.gamma), self.gamma / (1.0 + self.gamma)),
+            Pipeline::DecoupledRl => (1.0, 0.0),
+            Pipeline::RagThenRl | Pipeline::RlThenRag | Pipeline::DecoupledRag => (0.0, 1.0),
+            Pipeline::Fixed => (0.0, 0.0),
+        }
+    }
+
+    /// (update the retriever?, update the policy?) at `step` of `steps`.
+    pub fn schedule(&self, step: u64, steps: u64) -> (bool, bool) {
+        let periodic = self.update_every > 0 && step.is_multiple_of(self.update_every);
+        match self.pipeline {
+            Pipeline::Fixed => (false, true),
+            Pipeline::RagThenRl => (step < self.phase_steps, step >= self.phase_steps),
+            Pipeline::RlThenRag => {
+                let rl = step < steps.saturating_sub(self.phase_steps);
+                (!rl, rl)
+            }
+            _ => (periodic, true),
+        }
+    }
+}
+
+/// One logged retrieval turn.
+#[derive(Debug, Clone)]
+pub struct LoggedTurn {
+    pub query: String,
+    /// Candidate rows N_k(h_t), best first under η at rollout time.
+    pub rows: Vec<usize>,
+    /// log ρ_old(d|h_t) (B1), fixed.
+    pub log_rho_old: Vec<f64>,
+    /// log p_θ(y | h_t, d) (B2), fixed for the retriever update.
+    pub log_py: Vec<f64>,
+    /// The GRPO advantage of the trajectory the turn belongs to.
+    pub advantage: f64,
+    /// Teacher-forcing rows (h_t + ⟨information⟩d, y) per candidate, for the policy-side RAG term.
+    pub docs: Vec<CeRow>,
+}
+
+/// B4: credit weights c̄_{t,d} ∝ ρ_old(d|h) p(y|h,d)^{1/τ_p}, normalised over N_k (sum to 1).
+pub fn credit_weights(log_rho_old: &[f64], log_py: &[f64], tau_p: f64) -> Vec<f64> {
+    let z: Vec<f64> = log_rho_old.iter().zip(log_py).map(|(r, p)| r + p / tau_p).collect();
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z.iter().map(|x| (x - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|x| x / s).collect()
+}
+
+/// B3: L_RAG(η) = −mean_t log Σ_d ρ_η(d|h_t) p(y|h_t,d) from log ρ [T,k] and log p [T,k].
+pub fn rag_loss(log_rho: &Tensor, log_py: &Tensor) -> Tensor {
+    -(log_rho + log_py).logsumexp([1i64].as_slice(), false).mean(Kind::Float)
+}
+
+/// B5: the retrieval-credit surrogate J = mean_t Σ_d c̄_{t,d} min(r A, clip(r, 1±ε) A),
+/// r = ρ_η / ρ_old. Returns J (to be maximised).
+pub fn credit_surrogate(log_rho: &Tensor, log_rho_old: &Tensor, credit: &Tensor, adv: &Tensor, clip: f64) -> Tensor {
+    let ratio = (log_rho - log_rho_old).exp();
+    let a = adv.unsqueeze(1);
+    let unclipped = &ratio * &a;
+    let clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * &a;
+    (unclipped.minimum(&clipped) * credit).sum_dim_intlist(1, false, Kind::Float).mean(Kind::Float)
+}
+
+/// B6: the retriever's loss on logged turns under the current adapter (differentiable w.r.t.
+/// the query LoRA only): w_rl (−J) + w_rag L_RAG. Returns (loss, J, L_RAG).
+pub fn retriever_loss(
+    dense: &DenseRetriever,
+    turns: &[LoggedTurn],
+    cfg: &BridgeConfig,
+    (w_rl, w_rag): (f64, f64),
+) -> knowrl_engine::Result<(Tensor, f64, f64)> {
+    let queries: Vec<String> = turns.iter().map(|t| t.query.clone()).collect();
+    let rows: Vec<Vec<usize>> = turns.iter().map(|t| t.rows.clone()).collect();
+    let k = rows[0].len() as i64;
+    let scores = dense.scores_of(&queries, &rows, Mode::TRAIN).map_err(ret_err)?;
+    let log_rho = (scores / cfg.tau_r).log_softmax(1, Kind::Float);
+    let mat = |f: &dyn Fn(&LoggedTurn) -> &Vec<f64>| {
+        let v: Vec<f32> = turns.iter().flat_map(|t| f(t).iter().map(|x| *x as f32)).collect();
+        Tensor::from_slice(&v).view([turns.len() as i64, k])
+    };
+    let log_py = mat(&|t| &t.log_py);
+    let log_rho_old = mat(&|t| &t.log_rho_old);
+    let credit: Vec<f32> = turns
+        .iter()
+        .flat_map(|t| credit_weights(&t.log_rho_old, &t.log_py, cfg.tau_p).into_iter().map(|x| x as f32))
+        .collect();
+    let credit = Tensor::from_slice(&credit).view([turns.len() as i64, k]);
+    let adv = Tensor::from_slice(&turns.iter().map(|t| t.advantage as f32).collect::<Vec<_>>());
+    let rag = rag_loss(&log_rho, &log_py);
+    let j = credit_surrogate(&log_rho, &log_rho_old, &credit, &adv, cfg.clip);
+    let loss = -&j * w_rl + &rag * w_rag;
+    Ok((loss, j.double_value(&[]), rag.double_value(&[])))
+}
+
+fn ret_err(e: knowrl_retrieval::RetrievalError) -> knowrl_engine::EngineError {
+    knowrl_engine::EngineError::Invalid(e.to_string())
+}
+
+/// The retriever's optimiser state, and the RAG-only second state of the two-state estimator.
+pub struct BridgeState {
+    opt: Option<AdamW>,
+    /// η* values and their optimiser (two-state only).
+    rag_state: Option<(Vec<Tensor>, AdamW)>,
+}
+
+impl BridgeState {
+    pub fn new() -> BridgeState {
+        BridgeState { opt: None, rag_state: None }
+    }
+}
+
+impl Default for BridgeState {
+    fn default() -> Self {
+        BridgeState::new()
+    }
+}
+
+fn adapter(dense: &DenseRetriever) -> Vec<(String, Tensor)> {
+    dense.encoder.lock().unwrap().adapter_parameters()
+}
+
+fn shallow(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
+}
+
+fn values(params: &[(String, Tensor)]) -> Vec<Tensor> {
+    params.iter().map(|(_, t)| t.detach().copy()).collect()
+}
+
+fn set_values(params: &[(String, Tensor)], v: &[Tensor]) {
+    tch::no_grad(|| {
+        for ((_, p), x) in params.iter().zip(v) {
+            p.shallow_clone().copy_(x);
+        }
+    });
+}
+
+/// One Adam step of the adapter on `loss` (zeroing its gradients first).
+fn adapter_step(opt: &mut AdamW, loss: &Tensor, lr: f64) {
+    opt.zero_grad();
+    loss.backward();
+    opt.clip_grad_norm(1.0);
+    opt.step(lr);
+}
+
+/// Logs every retrieval turn of `trajs` (B1, B2) with the retriever as it was during rollout.
+fn log_turns(
+    ctx: &StepCtx,
+    dense: &DenseRetriever,
+    prompts: &[Vec<u32>],
+    trajs: &[Trajectory],
+    tasks: &[&Task],
+    group: &[usize],
+    adv: &[f64],
+) -> knowrl_engine::Result<Vec<LoggedTurn>> {
+    let cfg = &ctx.cfg.bridge;
+    let mut turns = vec![];
+    let mut histories = vec![];
+    for (j, t) in trajs.iter().enumerate() {
+        for (q, &start) in t.queries.iter().zip(&t.observation_starts) {
+            let mut h = prompts[j].clone();
+            h.extend(&t.response[..start]);
+            histories.push((h, group[j], adv[j]));
+            turns.push(q.clone());
+        }
+    }
+    if turns.is_empty() {
+        return Ok(vec![]);
+    }
+    let rows = dense.top_rows(&turns, cfg.k).map_err(ret_err)?;
+    let scores = tch::no_grad(|| dense.scores_of(&turns, &rows, Mode::EVAL)).map_err(ret_err)?;
+    let log_rho: Vec<f32> = Vec::try_from((scores / cfg.tau_r).log_softmax(1, Kind::Float).view(-1)).unwrap();
+    let mut out = vec![];
+    for (ti, ((h, g, a), q)) in histories.into_iter().zip(&turns).enumerate() {
+        let y = cfg.answer_template.replace("{}", &tasks[g].golden[0]);
+        let answer = ctx.tok.encode(&y, false)?;
+        let docs: Vec<CeRow> = rows[ti]
+            .iter()
+            .map(|&r| {
+                let p = dense.corpus.get(r);
+                let block =
+                    information_block(&[Hit { id: p.id, contents: p.contents, score: 0.0 }], PassageStyle::SearchR1);
+                let mut prompt = h.clone();
+                prompt.extend(ctx.tok.encode(&block, false)?);
+                Ok(CeRow { prompt, response: answer.clone(), loss_mask: vec![true; answer.len()] })
+            })
+            .collect::<knowrl_engine::Result<_>>()?;
+        let k = rows[ti].len();
+        out.push(LoggedTurn {
+            query: q.clone(),
+            rows: rows[ti].clone(),
+            log_rho_old: log_rho[ti * k..(ti + 1) * k].iter().map(|x| *x as f64).collect(),
+            log_py: vec![],
+            advantage: a,
+            docs,
+        });
+    }
+    // B2: log p_θ(y | h, d) for every candidate, teacher-forced, no gradient.
+    let all: Vec<&CeRow> = out.iter().flat_map(|t| t.docs.iter()).collect();
+    let mut lp = vec![];
+    for mb in all.chunks(ctx.cfg.optim.micro_batch.max(1) * 4) {
+        let reqs: Vec<ScoreRequest> =
+            mb.iter().map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: None }).collect();
+        let s = tch::no_grad(|| score(&ctx.policy.lm, &reqs, 1.0, Mode::EVAL));
+        let v: Vec<f32> = Vec::try_from((s.logprobs * s.mask).sum_dim_intlist(1, false, Kind::Float)).unwrap();
+        lp.extend(v.into_iter().map(|x| x as f64));
+    }
+    let mut it = lp.into_iter();
+    for t in &mut out {
+        t.log_py = (0..t.rows.len()).map(|_| it.next().unwrap()).collect();
+    }
+    Ok(out)
+}
+
+/// ρ under the current adapter values (no gradient), for the policy-side RAG terms.
+fn rho(dense: &DenseRetriever, turns: &[LoggedTurn], tau_r: f64) -> knowrl_engine::Result<Vec<Vec<f64>>> {
+    let q: Vec<String> = turns.iter().map(|t| t.query.clone()).collect();
+    let rows: Vec<Vec<usize>> = turns.iter().map(|t| t.rows.clone()).collect();
+    let s = tch::no_grad(|| dense.scores_of(&q, &rows, Mode::EVAL)).map_err(ret_err)?;
+    let p = (s / tau_r).softmax(1, Kind::Float);
+    let k = rows[0].len();
+    let v: Vec<f32> = Vec::try_from(p.view(-1)).unwrap();
+    Ok((0..turns.len()).map(|t| v[t * k..(t + 1) * k].iter().map(|x| *x as f64).collect()).collect())
+}
+
+fn rag_turns(turns: &[LoggedTurn], rho: Vec<Vec<f64>>) -> Vec<RagTurn> {
+    turns.iter().zip(rho).map(|(t, r)| RagTurn { docs: t.docs.clone(), rho: r }).collect()
+}
+
+/// Peak-RSS bookkeeping for one retriever update (Linux: VmHWM reset through clear_refs).
+fn reset_peak() -> Option<u64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    vm("VmRSS")
+}
+
+fn vm(key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+/// Algorithm: one BRIDGE step.
+pub fn step(ctx: &StepCtx, tasks: &[&Task], state: &mut BridgeState) -> knowrl_engine::Result<StepOutput> {
+    let cfg = &ctx.cfg.bridge;
+    let dense = ctx.dense.ok_or_else(|| {
+        knowrl_engine::EngineError::Invalid("bridge: needs the dense retriever with a query LoRA".into())
+    })?;
+    let (update_retriever, update_policy) = cfg.schedule(ctx.step, ctx.cfg.run.steps);
+    let (prompts, group) = ctx.replicate(tasks, ctx.cfg.rollout.group_size, |t| &t.agent)?;
+    let trajs = ctx.rollout(&prompts, true, 0)?;
+    let rewards = ctx.rewards(&trajs, tasks, &group);
+    let adv = crate::advantage::group_advantages(&rewards, &group, ctx.cfg.algorithm.normalisation);
+    let mut metrics = rollout_metrics(&trajs, &rewards, tasks, &group);
+    let needs_log = update_retriever || (update_policy && cfg.estimator != Estimator::Bridge);
+    let turns = if needs_log && cfg.pipeline != Pipeline::Fixed {
+        log_turns(ctx, dense, &prompts, &trajs, tasks, &group, &adv)?
+    } else {
+        vec![]
+    };
+    metrics.extra.insert("retrieval_turns".into(), turns.len() as f64);
+    let zero_adv = turns.iter().filter(|t| t.advantage == 0.0).count() as f64;
+    metrics.extra.insert("zero_advantage_turns".into(), zero_adv);
+
+    let mut out = StepOutput::default();
+    // Lower level first (the retriever adapts before the policy learns on it).
+    if update_retriever && !turns.is_empty() {
+        let params = adapter(dense);
+        let base = reset_peak();
+        let t0 = Instant::now();
+        let weights = cfg.retriever_weights();
+        let opt = state.opt.get_or_insert_with(|| {
+            AdamW::new(shallow(&params), AdamWConfig { weight_decay: 0.0, ..Default::default() })
+        });
+        // Two-state: also one step of the RAG-only retriever η* (its own values and moments).
+        if cfg.estimator == Estimator::TwoState {
+            let current = values(&params);
+            let (rag_values, rag_opt) = state.rag_state.get_or_insert_with(|| {
+                (values(&params), AdamW::new(shallow(&params), AdamWConfig { weight_decay: 0.0, ..Default::default() }))
+            });
+            set_values(&params, rag_values);
+            let (loss, _, _) = retriever_loss(dense, &turns, cfg, (0.0, 1.0))?;
+            adapter_step(rag_opt, &loss, cfg.retriever_lr);
+            *rag_values = values(&params);
+            set_values(&params, &current);
+        }
+        let (loss, j, rag) = retriever_loss(dense, &turns, cfg, weights)?;
+        adapter_step(opt, &loss, cfg.retriever_lr);
+        metrics.extra.insert("retriever_update_s".into(), t0.elapsed().as_secs_f64());
+        if let (Some(b), Some(peak)) = (base, vm("VmHWM")) {
+            metrics.extra.insert("retriever_update_peak_bytes".into(), peak.saturating_sub(b) as f64);
+        }
+        metrics.extra.insert("retriever_j_rl".into(), j);
+        metrics.extra.insert("retriever_l_rag".into(), rag);
+    }
+    if !update_policy {
+        return Ok(StepOutput { metrics, ..out });
+    }
+    let (pg, kept) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
+    metrics.kept_groups = kept;
+    // Upper level: B7 (BRIDGE) / B8 (Drop) / B9 (two-state).
+    if !turns.is_empty() && cfg.estimator != Estimator::Bridge {
+        out.rag.push((cfg.gamma, rag_turns(&turns, rho(dense, &turns, cfg.tau_r)?)));
+        if cfg.estimator == Estimator::TwoState {
+            if let Some((rag_values, _)) = &state.rag_state {
+                let params = adapter(dense);
+                let current = values(&params);
+                set_values(&params, rag_values);
+                let r = rho(dense, &turns, cfg.tau_r);
+                set_values(&params, &current);
+                out.rag.push((-cfg.gamma, rag_turns(&turns, r?)));
+            }
+        }
+    }
+    if cfg.fidelity_every > 0 && ctx.step.is_multiple_of(cfg.fidelity_every) && out.rag.len() == 2 {
+        for (k, v) in fidelity(ctx, &pg, &out.rag)? {
+            metrics.extra.insert(k, v);
+        }
+    }
+    Ok(StepOutput { pg, metrics, ..out })
+}
+
+/// §4.2 estimator fidelity on this batch: cosine and relative error of the BRIDGE (B7) and Drop
+/// (B8) policy gradients against the two-state one (B9).
+fn fidelity(
+    ctx: &StepCtx,
+    pg: &[crate::update::PgRow],
+    rag: &[(f64, Vec<RagTurn>)],
+) -> knowrl_engine::Result<Vec<(String, f64)>> {
+    let params = ctx.policy.trainable_parameters();
+    let grab = |f: &dyn Fn()| -> Tensor {
+        for (_, p) in &params {
+            p.shallow_clone().zero_grad();
+        }
+        f();
+        let g: Vec<Tensor> = params
+            .iter()
+            .map(|(_, p)| {
+                let g = p.grad();
+                if g.defined() {
+                    g.view(-1).to_kind(Kind::Double)
+                } else {
+                    Tensor::zeros([p.numel() as i64], (Kind::Double, p.device()))
+                }
+            })
+            .collect();
+        Tensor::cat(&g, 0)
+    };
+    let c = ctx.cfg;
+    let norm = crate::update::Normaliser::of(pg);
+    let g_rl = grab(&|| {
+        crate::update::pg_backward(
+            ctx.policy,
+            ctx.reference,
+            pg,
+            norm,
+            &c.algorithm,
+            c.rollout.temperature,
+            c.optim.micro_batch,
+        );
+    });
+    let g_gamma = grab(&|| {
+        crate::update::rag_backward(ctx.policy, &rag[0].1, rag[0].0, c.optim.micro_batch);
+    });
+    let g_star = grab(&|| {
+        crate::update::rag_backward(ctx.policy, &rag[1].1, rag[1].0, c.optim.micro_batch);
+    });
+    for (_, p) in &params {
+        p.shallow_clone().zero_grad();
+    }
+    let two = &g_rl + &g_gamma + &g_star;
+    let drop = &g_rl + &g_gamma;
+    let cos = |a: &Tensor, b: &Tensor| (a.dot(b) / (a.norm() * b.norm()).clamp_min(1e-30)).double_value(&[]);
+    let rel = |a: &Tensor, b: &Tensor| ((a - b).norm() / b.norm().clamp_min(1e-30)).double_value(&[]);
+    Ok(vec![
+        ("fidelity_cos_bridge".into(), cos(&g_rl, &two)),
+        ("fidelity_cos_drop".into(), cos(&drop, &two)),
+        ("fidelity_relerr_bridge".into(), rel(&g_rl, &two)),
+        ("fidelity_relerr_drop".into(), rel(&drop, &two)),
+    ])
+}

@@ -1,0 +1,200 @@
+//! BRIDGE: the retriever loss reaches only the query LoRA (base encoder and passage index
+//! untouched), a finite-difference check of the RAG-likelihood gradient, credit weights that
+//! sum to 1 per retrieval turn, a RAG signal under zero advantages (Appendix D.1), and a step
+//! on the world with every estimator.
+mod common;
+use knowrl_engine::{LoraConfig, Mode};
+use knowrl_rl::bridge::{credit_weights, rag_loss, retriever_loss, step, BridgeConfig, BridgeState, LoggedTurn};
+use knowrl_rl::trainer::StepCtx;
+use tch::{Kind, Tensor};
+
+fn lora() -> Option<LoraConfig> {
+    Some(LoraConfig { rank: 4, alpha: 4.0, dropout: 0.0, target_modules: vec!["query".into(), "value".into()] })
+}
+
+/// Hand-made turns over real candidate rows of the world's index.
+fn turns(r: &knowrl_retrieval::dense::DenseRetriever, advantage: f64) -> Vec<LoggedTurn> {
+    let queries = vec!["Zolis Zoboneth".to_string(), "Vobilford".to_string()];
+    let rows = r.top_rows(&queries, 5).unwrap();
+    let s = tch::no_grad(|| r.scores_of(&queries, &rows, Mode::EVAL)).unwrap();
+    let lr: Vec<f32> = Vec::try_from((s / 0.4).log_softmax(1, Kind::Float).view(-1)).unwrap();
+    queries
+        .iter()
+        .zip(&rows)
+        .enumerate()
+        .map(|(i, (q, row))| LoggedTurn {
+            query: q.clone(),
+            rows: row.clone(),
+            log_rho_old: lr[i * 5..(i + 1) * 5].iter().map(|x| *x as f64).collect(),
+            // The answer is likelier under the 2nd candidate than under the others.
+            log_py: vec![-6.0, -1.0, -5.0, -7.0, -6.5],
+            advantage,
+            docs: vec![],
+        })
+        .collect()
+}
+
+#[test]
+fn credit_weights_sum_to_one_and_follow_the_answer_likelihood() {
+    // ρ_old uniform over 3, log p = [0, −1, −2], τ_p = 0.5: c ∝ [1, e^{−2}, e^{−4}].
+    let lr = vec![(1.0f64 / 3.0).ln(); 3];
+    let c = credit_weights(&lr, &[0.0, -1.0, -2.0], 0.5);
+    let z = 1.0 + (-2.0f64).exp() + (-4.0f64).exp();
+    for (x, y) in c.iter().zip([1.0 / z, (-2.0f64).exp() / z, (-4.0f64).exp() / z]) {
+        assert!((x - y).abs() < 1e-12);
+    }
+    assert!((c.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+    // ρ_old matters too: a candidate the retriever ranked far lower gets less credit.
+    let c = credit_weights(&[0.0f64.ln_1p(), (0.1f64).ln(), (0.1f64).ln()], &[-1.0, -1.0, -1.0], 0.5);
+    assert!(c[0] > c[1] && (c.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn retriever_loss_reaches_only_the_query_lora() {
+    tch::set_num_threads(1);
+    let r = common::retriever_with(lora());
+    let index_before = r.index.flat().rows(0, r.corpus.len()).copy();
+    let cfg = BridgeConfig::default();
+    let (loss, _, _) = retriever_loss(&r, &turns(&r, 1.0), &cfg, cfg.retriever_weights()).unwrap();
+    loss.backward();
+    let enc = r.encoder.lock().unwrap();
+    let mut lora_grad = 0.0;
+    for (name, t) in enc.vs.variables() {
+        let g = t.grad();
+        let norm = if g.defined() { g.abs().sum(Kind::Float).double_value(&[]) } else { 0.0 };
+        if knowrl_engine::policy::is_lora_param(&name) {
+            lora_grad += norm;
+        } else {
+            assert!(!t.requires_grad() || norm == 0.0, "base parameter {name} got a gradient");
+        }
+    }
+    assert!(lora_grad > 0.0, "no gradient reached the adapter");
+    drop(enc);
+    // One adapter step leaves the passage index as it was (passages are encoded without adapters).
+    let params = r.encoder.lock().unwrap().adapter_parameters();
+    tch::no_grad(|| {
+        for (_, p) in &params {
+            let g = p.grad();
+            if g.defined() {
+                let _ = p.shallow_clone().f_sub_(&(g * 0.1)).unwrap();
+            }
+        }
+    });
+    assert!(r.index.flat().rows(0, r.corpus.len()).equal(&index_before));
+}
+
+#[test]
+fn rag_likelihood_gradient_matches_finite_differences() {
+    tch::set_num_threads(1);
+    let r = common::retriever_with(lora());
+    let t = turns(&r, 0.0);
+    let queries: Vec<String> = t.iter().map(|x| x.query.clone()).collect();
+    let rows: Vec<Vec<usize>> = t.iter().map(|x| x.rows.clone()).collect();
+    let log_py =
+        Tensor::from_slice(&t.iter().flat_map(|x| x.log_py.iter().map(|v| *v as f32)).collect::<Vec<_>>()).view([2, 5]);
+    let loss = || {
+        let s = r.scores_of(&queries, &rows, Mode::TRAIN).unwrap();
+        rag_loss(&(s / 0.4).log_softmax(1, Kind::Float), &log_py)
+    };
+    let params = r.encoder.lock().unwrap().adapter_parameters();
+    // Move off the LoRA init (B = 0) so that A's gradient is not trivially zero.
+    tch::manual_seed(3);
+    tch::no_grad(|| {
+        for (_, p) in &params {
+            let _ = p.shallow_clone().f_add_(&(p.randn_like() * 0.05)).unwrap();
+        }
+    });
+    for (_, p) in &params {
+        p.shallow_clone().zero_grad();
+    }
+    loss().backward();
+    let mut checked = 0;
+    for (name, p) in params.iter().take(4) {
+        let analytic = p.grad().view(-1).double_value(&[0]);
+        let h = 1e-2;
+        let shift = |d: f64| {
+            tch::no_grad(|| {
+                let flat = p.shallow_clone().view(-1);
+                let v = flat.double_value(&[0]);
+                let _ = flat.get(0).fill_(v + d);
+            })
+        };
+        shift(h);
+        let up = tch::no_grad(|| loss().double_value(&[]));
+        shift(-2.0 * h);
+        let down = tch::no_grad(|| loss().double_value(&[]));
+        shift(h);
+        let numeric = (up - down) / (2.0 * h);
+        assert!(
+            (analytic - numeric).abs() <= 2e-2 * numeric.abs().max(1e-3),
+            "{name}: analytic {analytic} vs finite difference {numeric}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+}
+
+#[test]
+fn zero_advantage_turns_still_train_the_retriever_through_the_rag_likelihood() {
+    tch::set_num_threads(1);
+    let r = common::retriever_with(lora());
+    let cfg = BridgeConfig::default();
+    let params = r.encoder.lock().unwrap().adapter_parameters();
+    let grad_norm = |w: (f64, f64)| {
+        for (_, p) in &params {
+            p.shallow_clone().zero_grad();
+        }
+        let (loss, _, _) = retriever_loss(&r, &turns(&r, 0.0), &cfg, w).unwrap();
+        loss.backward();
+        params.iter().map(|(_, p)| p.grad().abs().sum(Kind::Float).double_value(&[])).sum::<f64>()
+    };
+    // All advantages 0: the RL credit term alone gives nothing, the RAG term still does.
+    assert_eq!(grad_norm((1.0, 0.0)), 0.0);
+    assert!(grad_norm(cfg.retriever_weights()) > 0.0);
+}
+
+#[test]
+fn a_world_step_with_each_estimator_updates_the_adapter_and_logs_turns() {
+    tch::set_num_threads(1);
+    let policy = common::policy();
+    let r = common::retriever_with(lora());
+    let tasks = common::agent_tasks(40);
+    let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().skip(20).take(2).collect();
+    for (estimator, fidelity) in [("bridge", 0), ("drop", 0), ("two_state", 1)] {
+        let cfg = common::config(
+            &std::env::temp_dir().join("knowrl-bridge-unused"),
+            2,
+            &format!(
+                "[method]\nname = \"bridge\"\n[bridge]\nk = 4\nestimator = \"{estimator}\"\nfidelity_every = {fidelity}\nretriever_lr = 0.05\n"
+            ),
+        );
+        let before: Vec<tch::Tensor> =
+            r.encoder.lock().unwrap().adapter_parameters().iter().map(|(_, t)| t.copy()).collect();
+        let ctx = StepCtx {
+            policy: &policy,
+            reference: None,
+            tok: policy.tokenizer().unwrap(),
+            retriever: &r,
+            dense: Some(&r),
+            cfg: &cfg,
+            step: 0,
+        };
+        let mut state = BridgeState::new();
+        let out = step(&ctx, &picks, &mut state).unwrap();
+        let m = &out.metrics.extra;
+        assert!(m["retrieval_turns"] > 0.0, "{estimator}: the pretrained policy searches");
+        let after = r.encoder.lock().unwrap().adapter_parameters();
+        let moved = before.iter().zip(&after).any(|(b, (_, a))| !b.equal(a));
+        assert!(moved, "{estimator}: the retriever adapter did not move");
+        assert_eq!(out.pg.len(), 2 * 3);
+        match estimator {
+            "bridge" => assert!(out.rag.is_empty()),
+            "drop" => assert_eq!(out.rag.len(), 1),
+            _ => {
+                assert_eq!(out.rag.len(), 2);
+                assert!(m["fidelity_cos_bridge"].is_finite() && m["fidelity_cos_drop"].is_finite());
+                assert!(m.contains_key("retriever_update_s"));
+            }
+        }
+    }
+}
