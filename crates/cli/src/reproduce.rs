@@ -6,6 +6,7 @@ use crate::train::{load, train_with_progress};
 use anyhow::Result;
 use knowrl_eval::data::{questions, scenario_items};
 use knowrl_eval::{AgentReport, ScenarioReport};
+use knowrl_retrieval::dense::DenseRetriever;
 use knowrl_rl::akbe::{Category, Signals};
 use knowrl_rl::config::{Algorithm, TrainConfig};
 use knowrl_rl::knowledgeable_r1::Beta;
@@ -22,6 +23,8 @@ pub enum Cmd {
     KnowledgeableR1(Args),
     /// GRPO(+AKBE) and DAPO(+AKBE) on the agent suite (Tables 1–3 layout).
     Akbe(Args),
+    /// BRIDGE vs GRPO with a fixed retriever, §4.2 pipelines and estimator fidelity.
+    Bridge(Args),
 }
 
 #[derive(clap::Args, Clone)]
@@ -50,6 +53,7 @@ pub fn run(c: Cmd) -> Result<()> {
     match c {
         Cmd::KnowledgeableR1(a) => knowledgeable_r1(a),
         Cmd::Akbe(a) => akbe(a),
+        Cmd::Bridge(a) => bridge(a),
     }
 }
 
@@ -74,14 +78,14 @@ fn base_config(a: &Args, default: &str) -> Result<TrainConfig> {
     Ok(cfg)
 }
 
+/// Evaluates a trained run: its policy, its retriever (BRIDGE adapts it) and its step metrics.
+type Evaluate<'a, T> = &'a dyn Fn(&knowrl_engine::Policy, &DenseRetriever, &[StepMetrics]) -> Result<T>;
+
+/// A row: its label, one evaluation per seed, and mean seconds per step per seed.
+type Row<T> = (String, Vec<T>, Vec<f64>);
+
 /// Trains every arm for its seeds and evaluates each result with `eval`.
-fn run_arms<T>(
-    base: &TrainConfig,
-    arms: &[Arm],
-    a: &Args,
-    method: &str,
-    eval: &dyn Fn(&knowrl_engine::Policy, &knowrl_retrieval::dense::DenseRetriever, &[StepMetrics]) -> Result<T>,
-) -> Result<Vec<(String, Vec<T>, Vec<f64>)>> {
+fn run_arms<T>(base: &TrainConfig, arms: &[Arm], a: &Args, method: &str, eval: Evaluate<T>) -> Result<Vec<Row<T>>> {
     let mut out = vec![];
     for arm in arms {
         let seeds = if arm.ablation { a.ablation_seeds } else { a.seeds };
@@ -252,7 +256,7 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
     ];
     let trained =
         run_arms(&base, &arms, &a, "knowledgeable-r1", &|p, _, _| Ok(knowrl_eval::scenarios(p, &refs, rag)?))?;
-    let rows: Vec<(String, Vec<ScenarioReport>, Vec<f64>)> = baselines.into_iter().chain(trained).collect();
+    let rows: Vec<Row<ScenarioReport>> = baselines.into_iter().chain(trained).collect();
 
     let scen = ["S1", "S2", "S3", "S4", "S5"];
     let classes = ["TITE", "TIFE", "FITE", "FIFE"];
@@ -397,7 +401,7 @@ fn akbe(a: Args) -> Result<()> {
     let policy = load(&base)?;
     let before = eval(&policy)?;
     let trained = run_arms(&base, &arms, &a, "akbe", &|p, _, _| eval(p))?;
-    let rows: Vec<(String, Vec<AgentReport>, Vec<f64>)> =
+    let rows: Vec<Row<AgentReport>> =
         std::iter::once(("Pretrained policy".to_string(), vec![before], vec![])).chain(trained).collect();
     let mut table = serde_json::Map::new();
     let mut md = String::from("# AKBE on the world's agent suite (test split, greedy)\n\n");
@@ -468,4 +472,170 @@ fn akbe(a: Args) -> Result<()> {
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-akbe.json"));
     write_outputs(&out, &json, &md, &[("reproduce-akbe.svg".into(), svg)])
+}
+
+// ---------------------------------------------------------------- BRIDGE
+
+/// What one BRIDGE-family run is judged on.
+struct BridgeEval {
+    agent: AgentReport,
+    /// EM on 2- and 3-hop questions pooled.
+    multihop_em: f64,
+    /// Needed passages found by the queries the policy issued (top-m).
+    recall: f64,
+    /// Means over the run's retriever updates (seconds, peak-RSS bytes above the baseline).
+    update_s: f64,
+    update_peak: f64,
+    update_state: f64,
+    /// Means of the estimator-fidelity metrics (two-state runs).
+    fidelity: Vec<(String, f64)>,
+}
+
+fn mean_extra(m: &[StepMetrics], key: &str) -> f64 {
+    let v: Vec<f64> = m.iter().filter_map(|x| x.extra.get(key).copied()).collect();
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn bridge(a: Args) -> Result<()> {
+    use knowrl_rl::bridge::{Estimator, Pipeline};
+    let base = base_config(&a, "configs/world-bridge.toml")?;
+    let world = base.data.world.clone();
+    let qs = sample(questions(&world, Split::Test).map_err(anyhow::Error::msg)?, a.limit);
+    let refs: Vec<&knowrl_world::questions::Question> = qs.iter().collect();
+    let gold = knowrl_eval::data::gold_passages(&world, &refs).map_err(anyhow::Error::msg)?;
+    let r = &base.rollout;
+    let agent_cfg = knowrl_rl::agent::AgentConfig::new(r.max_turns, r.topk, r.max_tokens_per_turn, 0.0);
+    let multihop: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].hops >= 2).collect();
+    let eval = |p: &knowrl_engine::Policy, ret: &DenseRetriever, m: &[StepMetrics]| -> Result<BridgeEval> {
+        let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
+        let trajs = knowrl_eval::agent_trajectories(p, ret, &refs, prompt, &agent_cfg)?;
+        let report = knowrl_eval::score_trajectories(&refs, &trajs);
+        let ok = |i: usize| {
+            knowrl_rl::reward::exact_match(trajs[i].answer.as_deref().unwrap_or(""), &refs[i].golden_answers)
+        };
+        let fidelity = ["fidelity_cos_bridge", "fidelity_cos_drop", "fidelity_relerr_bridge", "fidelity_relerr_drop"]
+            .iter()
+            .map(|k| (k.to_string(), mean_extra(m, k)))
+            .collect();
+        Ok(BridgeEval {
+            agent: report,
+            multihop_em: multihop.iter().filter(|&&i| ok(i)).count() as f64 / multihop.len().max(1) as f64,
+            recall: knowrl_eval::issued_query_recall(&gold, &trajs),
+            update_s: mean_extra(m, "retriever_update_s"),
+            update_peak: mean_extra(m, "retriever_update_peak_bytes"),
+            update_state: mean_extra(m, "retriever_state_bytes"),
+            fidelity,
+        })
+    };
+    let steps = base.run.steps;
+    let phase = (steps / 2).max(1);
+    let pipeline = |p: Pipeline| move |c: &mut TrainConfig| c.bridge.pipeline = p;
+    let arms = vec![
+        arm("GRPO (fixed retriever)", false, pipeline(Pipeline::Fixed)),
+        arm("BRIDGE", false, |_| {}),
+        // Sequential pipelines get the retriever phase on top of the same policy RL budget.
+        arm("RAG-then-RL", true, move |c| {
+            c.bridge.pipeline = Pipeline::RagThenRl;
+            c.bridge.phase_steps = phase;
+            c.run.steps = steps + phase;
+        }),
+        arm("RL-then-RAG", true, move |c| {
+            c.bridge.pipeline = Pipeline::RlThenRag;
+            c.bridge.phase_steps = phase;
+            c.run.steps = steps + phase;
+        }),
+        arm("Decoupled-RL", true, pipeline(Pipeline::DecoupledRl)),
+        arm("Decoupled-RAG", true, pipeline(Pipeline::DecoupledRag)),
+        arm("BRIDGE, Drop estimator", true, |c| c.bridge.estimator = Estimator::Drop),
+        arm("BRIDGE, two-state estimator", true, |c| {
+            c.bridge.estimator = Estimator::TwoState;
+            c.bridge.fidelity_every = 5;
+        }),
+    ];
+    let t0 = std::time::Instant::now();
+    let policy = load(&base)?;
+    let fixed = crate::train::retriever(&base)?;
+    let before = eval(&policy, &fixed, &[])?;
+    let trained = run_arms(&base, &arms, &a, "bridge", &eval)?;
+    let rows: Vec<Row<BridgeEval>> =
+        std::iter::once(("Pretrained policy".to_string(), vec![before], vec![])).chain(trained).collect();
+    let mut table = serde_json::Map::new();
+    let mut md = String::from("# BRIDGE on the world's agent suite (test split, greedy)\n\n");
+    md += &format!(
+        "{steps} policy steps per run; main rows {} seeds, ablations {} (mean ± std). EM in %; recall = needed passages among the top-m results of the policy's own queries.\n\n",
+        a.seeds, a.ablation_seeds
+    );
+    md += "| method | EM | 1-hop | 2-hop | 3-hop | multi-hop | recall@m | TC | s/step |\n|---|---|---|---|---|---|---|---|---|\n";
+    for (label, r, step_s) in &rows {
+        let f = |g: &dyn Fn(&BridgeEval) -> f64| -> Vec<f64> { r.iter().map(g).collect() };
+        let hop = |h: &'static str| f(&move |x| x.agent.em_by_hops.get(h).copied().unwrap_or(f64::NAN));
+        let cols: Vec<(&str, Vec<f64>)> = vec![
+            ("em", f(&|x| x.agent.em)),
+            ("em_1hop", hop("1")),
+            ("em_2hop", hop("2")),
+            ("em_3hop", hop("3")),
+            ("multihop_em", f(&|x| x.multihop_em)),
+            ("recall", f(&|x| x.recall)),
+        ];
+        let mut j = serde_json::Map::new();
+        let mut cells = vec![];
+        for (k, v) in &cols {
+            cells.push(cell(v, 100.0));
+            j.insert(k.to_string(), json!(v.iter().map(|x| x * 100.0).collect::<Vec<_>>()));
+        }
+        let tc = f(&|x| x.agent.tc);
+        cells.push(format!("{:.2}", mean_std(&tc).0));
+        cells.push(if step_s.is_empty() { "–".into() } else { format!("{:.2}", mean_std(step_s).0) });
+        j.insert("tc".into(), json!(tc));
+        j.insert("step_s".into(), json!(step_s));
+        j.insert("update_s".into(), json!(f(&|x| x.update_s)));
+        j.insert("update_peak_bytes".into(), json!(f(&|x| x.update_peak)));
+        j.insert("update_state_bytes".into(), json!(f(&|x| x.update_state)));
+        for (k, _) in &r[0].fidelity {
+            j.insert(k.clone(), json!(f(&|x| x.fidelity.iter().find(|(n, _)| n == k).map_or(f64::NAN, |p| p.1))));
+        }
+        md += &format!("| {label} | {} |\n", cells.join(" | "));
+        table.insert(label.clone(), Value::Object(j));
+    }
+    let m = |label: &str, key: &str| table.get(label).map_or(f64::NAN, |v| mean_std(&to_vec(&v[key])).0);
+    let gain = m("BRIDGE", "multihop_em") - m("GRPO (fixed retriever)", "multihop_em");
+    let recall_gain = m("BRIDGE", "recall") - m("GRPO (fixed retriever)", "recall");
+    let two = "BRIDGE, two-state estimator";
+    let mem_ratio = m("BRIDGE", "update_state_bytes") / m(two, "update_state_bytes");
+    let rss_ratio = m("BRIDGE", "update_peak_bytes") / m(two, "update_peak_bytes");
+    let time_ratio = m("BRIDGE", "update_s") / m(two, "update_s");
+    md += &format!(
+        "\n## Estimator fidelity (vs the two-state estimator, on the two-state run's batches)\n\n| estimator | cosine | relative error |\n|---|---|---|\n| BRIDGE | {:.3} | {:.3} |\n| Drop | {:.3} | {:.3} |\n",
+        m(two, "fidelity_cos_bridge"), m(two, "fidelity_relerr_bridge"), m(two, "fidelity_cos_drop"), m(two, "fidelity_relerr_drop")
+    );
+    md += &format!(
+        "\n## Retriever update cost\n\n| run | s / update | state held (KB) | peak RSS above baseline (MB) |\n|---|---|---|---|\n| BRIDGE (single state) | {:.3} | {:.1} | {:.2} |\n| two-state | {:.3} | {:.1} | {:.2} |\n\nState held = adapter values + gradients + Adam moments (+ the second state and its ρ for two-state) + retrieval logs. The RSS peak is measured (VmHWM reset per update) but on the world's 96-d encoder the update allocates less than the allocator's granularity, so the state bytes are the comparable figure here.\n",
+        m("BRIDGE", "update_s"), m("BRIDGE", "update_state_bytes") / 1e3, m("BRIDGE", "update_peak_bytes") / 1e6,
+        m(two, "update_s"), m(two, "update_state_bytes") / 1e3, m(two, "update_peak_bytes") / 1e6
+    );
+    md += &format!(
+        "\nBRIDGE vs GRPO with the fixed retriever: **multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points; retriever update memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}. Total {:.0} s.\n",
+        t0.elapsed().as_secs_f64()
+    );
+    println!("{md}");
+    let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+    let series = vec![
+        ("multi-hop EM (%)".to_string(), labels.iter().map(|l| m(l, "multihop_em")).collect()),
+        ("recall@m (%)".to_string(), labels.iter().map(|l| m(l, "recall")).collect()),
+    ];
+    let short: Vec<String> = labels.iter().map(|l| l.chars().take(14).collect()).collect();
+    let svg = bar_svg("BRIDGE: multi-hop EM and recall of needed passages", &short, &series);
+    md += "\n![multi-hop EM and recall](reproduce-bridge.svg)\n";
+    let json = json!({
+        "multihop_em_gain_vs_grpo": gain, "recall_gain_vs_grpo": recall_gain,
+        "update_memory_ratio_vs_two_state": mem_ratio, "update_rss_ratio_vs_two_state": rss_ratio, "update_time_ratio_vs_two_state": time_ratio,
+        "steps": steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(),
+        "seconds": t0.elapsed().as_secs_f64(), "tables": table, "config": base,
+    });
+    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-bridge.json"));
+    write_outputs(&out, &json, &md, &[("reproduce-bridge.svg".into(), svg)])
 }

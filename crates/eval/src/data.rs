@@ -51,3 +51,23 @@ pub fn scenario_items(world: &Path, split: Split, scenarios: &[String]) -> Resul
         .filter(|s| s.split == split && scenarios.contains(&s.scenario))
         .collect())
 }
+
+/// The passages a question needs: its chain's subjects' encyclopedia passages ("e{entity}").
+pub fn gold_passages(world: &Path, qs: &[&Question]) -> Result<Vec<Vec<String>>, String> {
+    let p = world.join("world.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let w: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    qs.iter()
+        .map(|q| {
+            q.chain
+                .iter()
+                .map(|&f| {
+                    w["facts"][f]["subject"]
+                        .as_u64()
+                        .map(|s| format!("e{s}"))
+                        .ok_or_else(|| format!("{}: fact {f} has no subject", p.display()))
+                })
+                .collect()
+        })
+        .collect()
+}

@@ -10,7 +10,7 @@ pub mod data;
 use knowrl_engine::generate::generate;
 use knowrl_engine::{Policy, Rng, SamplingParams};
 use knowrl_retrieval::Retriever;
-use knowrl_rl::agent::{rollout, AgentConfig};
+use knowrl_rl::agent::{rollout, AgentConfig, Trajectory};
 use knowrl_rl::reward::{exact_match, extract_answer};
 use knowrl_rl::task::Prompt;
 use knowrl_world::questions::Question;
@@ -155,7 +155,35 @@ pub fn score_agent(questions: &[&Question], outcomes: &[(bool, usize)]) -> Agent
     }
 }
 
-/// Runs the search agent greedily on `questions` (prompt per question) and scores it.
+/// The search agent's greedy trajectories on `questions` (prompt per question), batched.
+pub fn agent_trajectories(
+    policy: &Policy,
+    retriever: &dyn Retriever,
+    questions: &[&Question],
+    prompt: impl Fn(&Question) -> Prompt,
+    cfg: &AgentConfig,
+) -> Result<Vec<Trajectory>> {
+    let tok = policy.tokenizer()?;
+    let mut out = vec![];
+    for chunk in questions.chunks(64) {
+        let ids: Vec<Vec<u32>> = chunk.iter().map(|q| prompt(q).ids(tok)).collect::<Result<_>>()?;
+        let mut rngs: Vec<Rng> = (0..ids.len()).map(|i| Rng::new(i as u64)).collect();
+        out.extend(rollout(&policy.lm, tok, &ids, retriever, cfg, &mut rngs)?);
+    }
+    Ok(out)
+}
+
+/// Scores trajectories (one per question) as the agent suite does.
+pub fn score_trajectories(questions: &[&Question], trajs: &[Trajectory]) -> AgentReport {
+    let outcomes: Vec<(bool, usize)> = questions
+        .iter()
+        .zip(trajs)
+        .map(|(q, t)| (exact_match(t.answer.as_deref().unwrap_or(""), &q.golden_answers), t.tool_calls()))
+        .collect();
+    score_agent(questions, &outcomes)
+}
+
+/// Runs the search agent greedily on `questions` and scores it.
 pub fn agent(
     policy: &Policy,
     retriever: &dyn Retriever,
@@ -163,20 +191,22 @@ pub fn agent(
     prompt: impl Fn(&Question) -> Prompt,
     cfg: &AgentConfig,
 ) -> Result<AgentReport> {
-    let tok = policy.tokenizer()?;
-    let mut outcomes = vec![];
-    for chunk in questions.chunks(64) {
-        let ids: Vec<Vec<u32>> = chunk.iter().map(|q| prompt(q).ids(tok)).collect::<Result<_>>()?;
-        let mut rngs: Vec<Rng> = (0..ids.len()).map(|i| Rng::new(i as u64)).collect();
-        let trajs = rollout(&policy.lm, tok, &ids, retriever, cfg, &mut rngs)?;
-        outcomes.extend(
-            chunk
-                .iter()
-                .zip(&trajs)
-                .map(|(q, t)| (exact_match(t.answer.as_deref().unwrap_or(""), &q.golden_answers), t.tool_calls())),
-        );
-    }
-    Ok(score_agent(questions, &outcomes))
+    Ok(score_trajectories(questions, &agent_trajectories(policy, retriever, questions, prompt, cfg)?))
+}
+
+/// Recall of the needed passages among everything the agent retrieved for its own queries:
+/// per question, |gold ∩ ⋃_t top-m(q_t)| / |gold|, averaged (BRIDGE's "recall@m of the gold
+/// passages for the queries the policy actually issues").
+pub fn issued_query_recall(gold: &[Vec<String>], trajs: &[Trajectory]) -> f64 {
+    let n = gold.len().max(1) as f64;
+    gold.iter()
+        .zip(trajs)
+        .map(|(g, t)| {
+            let seen: std::collections::HashSet<&String> = t.retrieved_ids.iter().flatten().collect();
+            g.iter().filter(|id| seen.contains(id)).count() as f64 / g.len().max(1) as f64
+        })
+        .sum::<f64>()
+        / n
 }
 
 #[cfg(test)]
@@ -197,6 +227,18 @@ mod tests {
             min_searches,
             split: Split::Test,
         }
+    }
+
+    #[test]
+    fn issued_query_recall_hand_computed() {
+        let t = |ids: &[&[&str]]| Trajectory {
+            retrieved_ids: ids.iter().map(|v| v.iter().map(|s| s.to_string()).collect()).collect(),
+            ..Default::default()
+        };
+        let gold = vec![vec!["e1".to_string(), "e2".to_string()], vec!["e3".to_string()]];
+        // Question 1 found e1 (not e2) over two searches; question 2 never searched.
+        let r = issued_query_recall(&gold, &[t(&[&["e9", "e1"], &["e1", "e7"]]), t(&[])]);
+        assert!((r - 0.25).abs() < 1e-12);
     }
 
     #[test]

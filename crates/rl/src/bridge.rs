@@ -415,6 +415,19 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], state: &mut BridgeState) -> knowrl_e
         if let (Some(b), Some(peak)) = (base, vm("VmHWM")) {
             metrics.extra.insert("retriever_update_peak_bytes".into(), peak.saturating_sub(b) as f64);
         }
+        // Bytes the retriever update keeps alive besides the frozen encoder: adapter values and
+        // gradients, Adam moments, the second state (two-state) and the retrieval logs.
+        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as f64;
+        let mut held: f64 = params.iter().map(|(_, p)| 2.0 * bytes(p)).sum();
+        held += opt.state_tensors().iter().map(|(_, t)| bytes(t)).sum::<f64>();
+        let per_turn = |t: &LoggedTurn| (t.rows.len() * (std::mem::size_of::<usize>() + 16)) as f64;
+        held += turns.iter().map(per_turn).sum::<f64>();
+        if let Some((v, o)) = &state.rag_state {
+            held += v.iter().map(&bytes).sum::<f64>() + o.state_tensors().iter().map(|(_, t)| bytes(t)).sum::<f64>();
+            // η*'s own ρ over the same candidates.
+            held += turns.iter().map(|t| (t.rows.len() * 8) as f64).sum::<f64>();
+        }
+        metrics.extra.insert("retriever_state_bytes".into(), held);
         metrics.extra.insert("retriever_j_rl".into(), j);
         metrics.extra.insert("retriever_l_rag".into(), rag);
     }
