@@ -7,7 +7,9 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_retrieval;
 mod demo;
+mod eval;
 mod generate;
+mod report;
 mod reproduce;
 mod retrieval;
 mod rss;
@@ -51,6 +53,10 @@ enum Cmd {
     Corpus(retrieval::CorpusCmd),
     /// RL training on the world: GRPO / DAPO / GSPO, Knowledgeable-R1, AKBE (per the config).
     Train(train::Args),
+    /// A Markdown report with SVG training curves for a run directory.
+    Report(report::Args),
+    /// Evaluate a model directory on the world's suites or the real-data samples.
+    Eval(eval::Args),
     /// A paper's comparison on the world at an equal budget (benchmark; writes bench/results/).
     #[command(subcommand)]
     Reproduce(reproduce::Cmd),
@@ -75,6 +81,8 @@ fn main() {
         Cmd::World(c) => world::run(c),
         Cmd::Train(a) => train::run(a),
         Cmd::Reproduce(c) => reproduce::run(c),
+        Cmd::Eval(a) => eval::run(a),
+        Cmd::Report(a) => report::run(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

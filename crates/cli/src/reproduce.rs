@@ -5,6 +5,7 @@
 use crate::train::{load, train_with_progress};
 use anyhow::Result;
 use knowrl_eval::data::{questions, scenario_items};
+use knowrl_eval::plot::bar_svg;
 use knowrl_eval::{AgentReport, ScenarioReport};
 use knowrl_retrieval::dense::DenseRetriever;
 use knowrl_rl::akbe::{Category, Signals};
@@ -160,64 +161,6 @@ fn write_outputs(out: &std::path::Path, json: &Value, markdown: &str, svgs: &[(S
     }
     println!("wrote {} and {}", out.display(), md.display());
     Ok(())
-}
-
-/// A grouped bar chart: one group per category, one bar per series (values in points).
-pub fn bar_svg(title: &str, categories: &[String], series: &[(String, Vec<f64>)]) -> String {
-    let colours = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"];
-    let (w, h, left, bottom, top) = (760.0, 320.0, 50.0, 40.0, 40.0);
-    let plot_h = h - bottom - top;
-    let group_w = (w - left - 20.0) / categories.len().max(1) as f64;
-    let bar_w = group_w * 0.8 / series.len().max(1) as f64;
-    let max = series.iter().flat_map(|s| s.1.iter()).copied().filter(|x| x.is_finite()).fold(1.0, f64::max);
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="{}" y="18" font-size="14" text-anchor="middle">{title}</text>"#,
-        w / 2.0
-    );
-    for t in 0..=4 {
-        let v = max * t as f64 / 4.0;
-        let y = top + plot_h * (1.0 - t as f64 / 4.0);
-        s += &format!(
-            r##"<line x1="{left}" x2="{}" y1="{y}" y2="{y}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{v:.0}</text>"##,
-            w - 20.0,
-            left - 4.0,
-            y + 4.0
-        );
-    }
-    for (ci, c) in categories.iter().enumerate() {
-        let gx = left + group_w * ci as f64 + group_w * 0.1;
-        for (si, (_, vals)) in series.iter().enumerate() {
-            let v = vals.get(ci).copied().unwrap_or(f64::NAN);
-            if !v.is_finite() {
-                continue;
-            }
-            let bh = plot_h * v / max;
-            s += &format!(
-                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{v:.1}</title></rect>"#,
-                gx + bar_w * si as f64,
-                top + plot_h - bh,
-                bar_w * 0.95,
-                bh,
-                colours[si % colours.len()]
-            );
-        }
-        s += &format!(
-            r#"<text x="{:.1}" y="{}" text-anchor="middle">{c}</text>"#,
-            gx + group_w * 0.4,
-            h - bottom + 16.0
-        );
-    }
-    for (si, (name, _)) in series.iter().enumerate() {
-        let x = left + 10.0 + 150.0 * (si % 4) as f64;
-        let y = h - 8.0 - 14.0 * (si / 4) as f64;
-        s += &format!(
-            r#"<rect x="{x}" y="{}" width="10" height="10" fill="{}"/><text x="{}" y="{y}">{name}</text>"#,
-            y - 9.0,
-            colours[si % colours.len()],
-            x + 14.0
-        );
-    }
-    s + "</svg>"
 }
 
 // ---------------------------------------------------------------- Knowledgeable-R1

@@ -6,6 +6,8 @@
 //!   productivity (TP = EM in points / TC, as AKBE defines it) and, on the world, the oracle
 //!   knowledge-boundary accuracy (searched iff a hop is missing from PK) with over/under-search.
 pub mod data;
+pub mod plot;
+pub mod real;
 
 use knowrl_engine::generate::generate;
 use knowrl_engine::{Policy, Rng, SamplingParams};
@@ -20,19 +22,24 @@ use std::collections::BTreeMap;
 
 pub type Result<T> = knowrl_engine::Result<T>;
 
-/// Greedy single-turn answers (the last `<answer>` of each response; "" when none), batched.
-pub fn greedy_answers(policy: &Policy, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
+/// Greedy single-turn responses (decoded, stopped after `</answer>`), batched.
+pub fn greedy_responses(policy: &Policy, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
     let tok = policy.tokenizer()?;
     let mut out = vec![];
-    for chunk in prompts.chunks(64) {
+    for chunk in prompts.chunks(32) {
         let ids: Vec<Vec<u32>> = chunk.iter().map(|p| p.ids(tok)).collect::<Result<_>>()?;
         let params = SamplingParams { stop: vec!["</answer>".into()], ..SamplingParams::greedy(max_new) };
         let gens = generate(&policy.lm, Some(tok), &ids, &params, &vec![0; ids.len()], &tok.eos_ids, tok.pad_id)?;
         for g in gens {
-            out.push(extract_answer(&tok.decode(&g.tokens, true)?).unwrap_or_default());
+            out.push(tok.decode(&g.tokens, true)?);
         }
     }
     Ok(out)
+}
+
+/// Greedy single-turn answers (the last `<answer>` of each response; "" when none).
+pub fn greedy_answers(policy: &Policy, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
+    Ok(greedy_responses(policy, prompts, max_new)?.iter().map(|r| extract_answer(r).unwrap_or_default()).collect())
 }
 
 /// EM over a subset: (correct, n); `rate` is NaN for an empty subset.

@@ -10,6 +10,7 @@ pub mod config;
 pub mod grpo;
 pub mod knowledgeable_r1;
 pub mod loss;
+pub mod prompts;
 pub mod reward;
 pub mod task;
 pub mod trainer;

@@ -1,0 +1,154 @@
+//! `knowrl eval --model DIR --suite NAME`: evaluates any HF model directory (the world's policy,
+//! SmolLM2, a trained checkpoint export) on the world's suites or the real-data samples.
+use anyhow::{Context, Result};
+use knowrl_engine::{LoadOptions, Policy};
+use knowrl_eval::data::{questions, scenario_items};
+use knowrl_eval::real::{load, score_conflict, ConflictRow, FlashRagRow};
+use knowrl_rl::reward::{exact_match, extract_answer, f1, sub_exact_match};
+use knowrl_rl::task::Prompt;
+use knowrl_world::questions::Split;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum Suite {
+    /// Knowledgeable-R1's S1–S5 on the world's test split (world prompts).
+    WorldScenarios,
+    /// The search agent on the world's test split (world prompts and retriever): EM, TC, TP,
+    /// oracle boundary accuracy.
+    WorldAgent,
+    /// ConFiQA QA/MR/MC (SABER sample) with supporting and counterfactual contexts,
+    /// Knowledgeable-R1's prompts: correct vs follows-context.
+    Confiqa,
+    /// Bamboogle (125 questions), query only (direct inference).
+    Bamboogle,
+    /// NQ test head (17 questions), query only.
+    Nq,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// HF model directory (config.json, model.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, value_enum)]
+    pub suite: Suite,
+    /// World directory (world suites).
+    #[arg(long, default_value = "assets/world")]
+    pub world: PathBuf,
+    /// The real-data folder.
+    #[arg(long, default_value = "../shared/data/real")]
+    pub data: PathBuf,
+    /// Items to evaluate (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Write the figures here (JSON).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+fn take<T>(mut v: Vec<T>, limit: usize) -> Vec<T> {
+    if limit > 0 {
+        v.truncate(limit);
+    }
+    v
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let policy =
+        Policy::load(&a.model, &LoadOptions::default()).with_context(|| format!("loading {}", a.model.display()))?;
+    let report: Value = match a.suite {
+        Suite::WorldScenarios => {
+            let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
+            let items = take(scenario_items(&a.world, Split::Test, &all).map_err(anyhow::Error::msg)?, a.limit);
+            let refs: Vec<_> = items.iter().collect();
+            let r = knowrl_eval::scenarios(&policy, &refs, |s| {
+                Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
+            })?;
+            println!("| scenario | EM | n |\n|---|---|---|");
+            for (k, c) in &r.overall {
+                println!("| {k} | {:.3} | {} |", c.rate(), c.n);
+            }
+            println!("\n| knowledge | EM | n |\n|---|---|---|");
+            for (k, c) in &r.knowledge {
+                println!("| {k} | {:.3} | {} |", c.rate(), c.n);
+            }
+            serde_json::to_value(&r)?
+        }
+        Suite::WorldAgent => {
+            let qs = take(questions(&a.world, Split::Test).map_err(anyhow::Error::msg)?, a.limit);
+            let refs: Vec<_> = qs.iter().collect();
+            let retriever = crate::world_eval::world_retriever(&a.world)?;
+            let cfg = knowrl_rl::agent::AgentConfig::new(4, 3, 48, 0.0);
+            let r = knowrl_eval::agent(
+                &policy,
+                &retriever,
+                &refs,
+                |q| Prompt::user(knowrl_world::prompts::agent(&q.question)),
+                &cfg,
+            )?;
+            println!(
+                "EM {:.3}  TC {:.2}  TP {:.1}  boundary accuracy {:.3}  over-search {:.3}  under-search {:.3}  (n = {})",
+                r.em, r.tc, r.tp, r.boundary_accuracy, r.over_search_rate, r.under_search_rate, r.n
+            );
+            serde_json::to_value(&r)?
+        }
+        Suite::Confiqa => {
+            let dir = a.data.join("confiqa_saber_sample");
+            let mut rows: Vec<ConflictRow> = vec![];
+            for f in ["confiqa-qa.jsonl", "confiqa-mr.jsonl", "confiqa-mc.jsonl"] {
+                rows.extend(take(load::<ConflictRow>(&dir.join(f)).map_err(anyhow::Error::msg)?, a.limit));
+            }
+            let prompts: Vec<Prompt> =
+                rows.iter().map(|r| knowrl_rl::prompts::knowledgeable_r1(&r.question, &r.ck_text).1).collect();
+            let raw = knowrl_eval::greedy_responses(&policy, &prompts, a.max_new_tokens)?;
+            let answers: Vec<Option<String>> = raw.iter().map(|r| extract_answer(r)).collect();
+            let r = score_conflict(&rows, &answers, &raw);
+            println!("| dataset / context | correct (EM) | correct (sub-EM) | follows context (sub-EM) | n |\n|---|---|---|---|---|");
+            for (k, c) in &r.correct_em {
+                println!(
+                    "| {k} | {:.3} | {:.3} | {:.3} | {} |",
+                    c.rate(),
+                    r.correct_sub_em[k].rate(),
+                    r.follows_context_sub_em[k].rate(),
+                    c.n
+                );
+            }
+            println!("responses with an <answer> tag: {:.3}", r.answered.rate());
+            serde_json::to_value(&r)?
+        }
+        Suite::Bamboogle | Suite::Nq => {
+            let file = if a.suite == Suite::Bamboogle {
+                a.data.join("bamboogle/test.jsonl")
+            } else {
+                a.data.join("flashrag_samples/nq_test_head17.jsonl")
+            };
+            let rows = take(load::<FlashRagRow>(&file).map_err(anyhow::Error::msg)?, a.limit);
+            let prompts: Vec<Prompt> = rows
+                .iter()
+                .map(|r| Prompt::user(format!("Answer the question in <answer> </answer>.\nQuestion: {}", r.question)))
+                .collect();
+            let raw = knowrl_eval::greedy_responses(&policy, &prompts, a.max_new_tokens)?;
+            let n = rows.len().max(1) as f64;
+            let pred = |i: usize| extract_answer(&raw[i]).unwrap_or_else(|| raw[i].clone());
+            let em = (0..rows.len()).filter(|&i| exact_match(&pred(i), &rows[i].golden_answers)).count() as f64 / n;
+            let sub =
+                (0..rows.len()).filter(|&i| sub_exact_match(&pred(i), &rows[i].golden_answers)).count() as f64 / n;
+            let f = (0..rows.len()).map(|i| f1(&pred(i), &rows[i].golden_answers)).sum::<f64>() / n;
+            println!("EM {em:.3}  sub-EM {sub:.3}  F1 {f:.3}  (n = {})", rows.len());
+            json!({"em": em, "sub_em": sub, "f1": f, "n": rows.len()})
+        }
+    };
+    if let Some(out) = a.out {
+        if let Some(d) = out.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        knowrl_engine::fsutil::write_atomic(&out, serde_json::to_string_pretty(&report)?.as_bytes())?;
+        println!("wrote {}", out.display());
+    }
+    eprintln!("evaluated in {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
