@@ -8,7 +8,7 @@ export KNOWRL_PYTHON := $(VENV)/bin/python
 export KNOWRL_MODELS ?= $(HOME)/.cache/knowrl/models
 CARGO ?= cargo
 
-.PHONY: setup models build demo test bench lint fmt
+.PHONY: setup models build demo test bench reproduce lint fmt
 
 setup:
 	@scripts/setup
@@ -30,8 +30,16 @@ test: models lint
 	$(CARGO) test --release -- --test-threads=1
 
 bench: models build
+	@scripts/setup --bench
 	target/release/knowrl bench engine --out bench/results/engine.json
 	target/release/knowrl bench retrieval --out bench/results/retrieval.json
+	target/release/knowrl bench grpo --out bench/results/grpo.json
+
+# The papers' comparisons on the world (benchmarks: tens of minutes each on 2 cores).
+reproduce: build
+	target/release/knowrl reproduce knowledgeable-r1
+	target/release/knowrl reproduce akbe
+	target/release/knowrl reproduce bridge
 
 fmt:
 	$(CARGO) fmt --all

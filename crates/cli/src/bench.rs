@@ -19,6 +19,8 @@ pub enum Cmd {
     Engine(EngineArgs),
     /// Retrieval: BM25 vs bm25s, exact dense search vs faiss, encoding vs sentence-transformers.
     Retrieval(crate::bench_retrieval::RetrievalArgs),
+    /// One GRPO step (SmolLM2-135M, 4 × 8, 64 tokens) vs TRL's GRPOTrainer.
+    Grpo(crate::bench_grpo::Args),
     /// One measurement in this process (used by `bench engine`; prints JSON).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -67,6 +69,7 @@ pub fn run(c: Cmd) -> Result<()> {
     match c {
         Cmd::Engine(a) => engine(a),
         Cmd::Retrieval(a) => crate::bench_retrieval::run(a),
+        Cmd::Grpo(a) => crate::bench_grpo::run(a),
         Cmd::Worker(a) => {
             let r = worker(&a)?;
             println!("{r}");
@@ -180,7 +183,7 @@ fn run_json(cmd: &mut std::process::Command, what: &str) -> Result<Value> {
     serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
 }
 
-fn machine() -> Value {
+pub fn machine() -> Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

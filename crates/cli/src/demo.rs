@@ -1,7 +1,7 @@
 //! `knowrl demo`: the main job on the embedded default: evaluate the world's shipped policy on
-//! the context scenarios S1–S5 and the agent suite (assets/world), then a generation smoke test
-//! on the real SmolLM2-135M-Instruct (fetched by `make models`). The RL runs join it with the
-//! training issues.
+//! the context scenarios S1–S5 and the agent suite (assets/world), train it briefly with GRPO
+//! on the agent suite and show the validation split before/after, then a generation smoke test
+//! on the real SmolLM2-135M-Instruct (fetched by `make models`).
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 
@@ -13,6 +13,44 @@ pub struct Args {
     /// World directory with the pretrained policy and retriever.
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
+    /// GRPO steps of the demo run (configs/world-grpo.toml; 0 = skip).
+    #[arg(long, default_value_t = 20)]
+    pub grpo_steps: u64,
+}
+
+/// A short GRPO run from configs/world-grpo.toml; agent EM / TC on the validation split before and after.
+fn grpo_before_after(world: &std::path::Path, steps: u64) -> Result<()> {
+    use knowrl_rl::task::Prompt;
+    let mut cfg = knowrl_rl::config::TrainConfig::load(std::path::Path::new("configs/world-grpo.toml"))
+        .map_err(anyhow::Error::msg)?;
+    cfg.run.steps = steps;
+    cfg.run.out_dir = PathBuf::from("runs/demo-grpo");
+    cfg.run.checkpoint_every = 0;
+    cfg.model.path = world.join("policy");
+    cfg.data.world = world.to_path_buf();
+    let qs = knowrl_eval::data::questions(world, knowrl_world::questions::Split::Valid).map_err(anyhow::Error::msg)?;
+    let refs: Vec<_> = qs.iter().collect();
+    let policy = crate::train::load(&cfg)?;
+    let retriever = crate::train::retriever(&cfg)?;
+    let agent = knowrl_rl::agent::AgentConfig::new(
+        cfg.rollout.max_turns,
+        cfg.rollout.topk,
+        cfg.rollout.max_tokens_per_turn,
+        0.0,
+    );
+    let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
+    let before = knowrl_eval::agent(&policy, &retriever, &refs, prompt, &agent)?;
+    let m = crate::train::train_with_progress(&policy, &retriever, &cfg, false, "GRPO")?;
+    let after = knowrl_eval::agent(&policy, &retriever, &refs, prompt, &agent)?;
+    println!(
+        "| validation split ({} questions, greedy) | EM | TC | TP | boundary acc. |\n|---|---|---|---|---|",
+        refs.len()
+    );
+    for (name, r) in [("pretrained", &before), (&*format!("after {} GRPO steps", m.len()), &after)] {
+        println!("| {name} | {:.3} | {:.2} | {:.1} | {:.3} |", r.em, r.tc, r.tp, r.boundary_accuracy);
+    }
+    println!("metrics: runs/demo-grpo/metrics.jsonl (`knowrl report runs/demo-grpo` for plots)");
+    Ok(())
 }
 
 pub fn models_dir() -> PathBuf {
@@ -26,6 +64,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.world.join("policy/model.safetensors").exists() {
         println!("== the world: {} (pretrained policy, greedy, test split) ==", a.world.display());
         crate::world_eval::run(crate::world::EvalArgs { world: a.world.clone(), out: None, limit: 0 })?;
+        if a.grpo_steps > 0 {
+            println!("\n== GRPO on the world's agent suite ({} steps) ==", a.grpo_steps);
+            grpo_before_after(&a.world, a.grpo_steps)?;
+        }
     } else {
         println!("{}: no pretrained policy; run `knowrl world build` and `knowrl world pretrain`", a.world.display());
     }

@@ -39,6 +39,9 @@ pub struct Args {
     /// The real-data folder.
     #[arg(long, default_value = "../shared/data/real")]
     pub data: PathBuf,
+    /// World split: test | valid.
+    #[arg(long, default_value = "test")]
+    pub split: String,
     /// Items to evaluate (0 = all).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
@@ -56,14 +59,24 @@ fn take<T>(mut v: Vec<T>, limit: usize) -> Vec<T> {
     v
 }
 
+fn split(s: &str) -> Result<Split> {
+    match s {
+        "test" => Ok(Split::Test),
+        "valid" => Ok(Split::Valid),
+        "train" => Ok(Split::Train),
+        _ => anyhow::bail!("--split {s:?}: expected test, valid or train"),
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
+    let world_split = split(&a.split)?;
     let policy =
         Policy::load(&a.model, &LoadOptions::default()).with_context(|| format!("loading {}", a.model.display()))?;
     let report: Value = match a.suite {
         Suite::WorldScenarios => {
             let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
-            let items = take(scenario_items(&a.world, Split::Test, &all).map_err(anyhow::Error::msg)?, a.limit);
+            let items = take(scenario_items(&a.world, world_split, &all).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = items.iter().collect();
             let r = knowrl_eval::scenarios(&policy, &refs, |s| {
                 Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
@@ -79,7 +92,7 @@ pub fn run(a: Args) -> Result<()> {
             serde_json::to_value(&r)?
         }
         Suite::WorldAgent => {
-            let qs = take(questions(&a.world, Split::Test).map_err(anyhow::Error::msg)?, a.limit);
+            let qs = take(questions(&a.world, world_split).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = qs.iter().collect();
             let retriever = crate::world_eval::world_retriever(&a.world)?;
             let cfg = knowrl_rl::agent::AgentConfig::new(4, 3, 48, 0.0);

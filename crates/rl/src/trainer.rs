@@ -231,6 +231,8 @@ pub fn train(
         let (mb, temp) = (cfg.optim.micro_batch, cfg.rollout.temperature);
         let pg = pg_backward(policy, reference, &out.pg, norm, &cfg.algorithm, temp, mb);
         let mut extra = out.metrics.extra.clone();
+        extra.insert("score_s".into(), pg.score_s);
+        extra.insert("backward_s".into(), pg.backward_s);
         if !out.ce.is_empty() {
             extra.insert("ce_nll".into(), ce_backward(policy, &out.ce, out.ce_coef, mb));
         }

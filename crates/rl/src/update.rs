@@ -62,6 +62,9 @@ pub struct PgStats {
     pub kl: f64,
     pub entropy: f64,
     pub clip_frac: f64,
+    /// Seconds in forward scoring (π_old, π, reference) and in backward.
+    pub score_s: f64,
+    pub backward_s: f64,
 }
 
 fn requests<'a>(rows: &[&'a PgRow]) -> Vec<ScoreRequest<'a>> {
@@ -89,6 +92,7 @@ pub fn pg_backward(
     let counted: f64 = rows.iter().map(|r| mask_len(&r.loss_mask)).sum::<f64>().max(1.0);
     for mb in rows.chunks(micro_batch.max(1)) {
         let reqs = requests(mb);
+        let t0 = std::time::Instant::now();
         // π_old is the policy that generated the batch: one update per batch, so the current
         // weights before this step (the ratio is 1 at the first micro-batch; clipping matters
         // when epochs per batch > 1).
@@ -122,7 +126,10 @@ pub fn pg_backward(
                 per_seq.sum(Kind::Float) / norm.sequences.max(1.0)
             }
         };
+        let t1 = std::time::Instant::now();
         loss.backward();
+        st.score_s += (t1 - t0).as_secs_f64();
+        st.backward_s += t1.elapsed().as_secs_f64();
         st.loss += loss.double_value(&[]);
         st.entropy += (&s.entropy * &s.mask).sum(Kind::Float).double_value(&[]);
         st.clip_frac += (clipped * &s.mask).sum(Kind::Float).double_value(&[]);
