@@ -336,6 +336,10 @@ fn akbe(a: Args) -> Result<()> {
         arm("w/o Hallucination", true, only(&[ToolDependent, Efficiency])),
         arm("w/ Tool-dependent only", true, only(&[ToolDependent])),
         arm("Offline AKBE", true, |c| c.akbe.signals = Signals::Offline),
+        arm("GRPO + OTC reward", true, move |c| {
+            plain(c);
+            c.reward.tool_productivity = true;
+        }),
         arm("AKBE, with-tool teacher prompt", true, |c| {
             c.akbe.teacher_prompt = knowrl_rl::akbe::TeacherPrompt::WithTool
         }),

@@ -50,12 +50,29 @@ pub struct MethodSection {
     pub name: Method,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RewardSection {
     /// em (default) | f1 | em_format (−1 without an answer, AKBE).
     #[serde(default)]
     pub name: crate::reward::RewardKind,
+    /// OTC-PO-style shaping of the agent's reward: × r_tool(m, n), n = the group's fewest calls
+    /// among correct responses (the reward-shaping baseline AKBE argues against).
+    #[serde(default)]
+    pub tool_productivity: bool,
+    /// OTC's smoothing constant c.
+    #[serde(default = "default_otc_c")]
+    pub otc_c: f64,
+}
+
+fn default_otc_c() -> f64 {
+    1.0
+}
+
+impl Default for RewardSection {
+    fn default() -> Self {
+        RewardSection { name: Default::default(), tool_productivity: false, otc_c: default_otc_c() }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -5,6 +5,7 @@
 use crate::advantage::{group_advantages, informative_groups};
 use crate::agent::Trajectory;
 use crate::config::Algorithm;
+use crate::reward::otc_tool_factor;
 use crate::task::Task;
 use crate::trainer::{rollout_metrics, StepCtx, StepMetrics, StepOutput};
 use crate::update::PgRow;
@@ -37,10 +38,31 @@ pub fn policy_rows(
     (rows, kept.len())
 }
 
+/// OTC-GRPO: each correct response's reward × r_tool(m, n), n = the fewest tool calls among
+/// the correct responses of its group.
+pub fn otc_shaped(rewards: &[f64], trajs: &[Trajectory], group: &[usize], c: f64) -> Vec<f64> {
+    let mut best: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    for ((r, t), g) in rewards.iter().zip(trajs).zip(group) {
+        if *r > 0.0 {
+            let e = best.entry(*g).or_insert(usize::MAX);
+            *e = (*e).min(t.tool_calls());
+        }
+    }
+    rewards
+        .iter()
+        .zip(trajs)
+        .zip(group)
+        .map(|((r, t), g)| if *r > 0.0 { r * otc_tool_factor(t.tool_calls(), best[g], c) } else { *r })
+        .collect()
+}
+
 pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
     let (prompts, group) = ctx.replicate(tasks, ctx.cfg.rollout.group_size, |t| &t.agent)?;
     let trajs = ctx.rollout(&prompts, true, 0)?;
-    let rewards = ctx.rewards(&trajs, tasks, &group);
+    let mut rewards = ctx.rewards(&trajs, tasks, &group);
+    if ctx.cfg.reward.tool_productivity {
+        rewards = otc_shaped(&rewards, &trajs, &group, ctx.cfg.reward.otc_c);
+    }
     let (pg, kept_groups) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
     let metrics = StepMetrics { kept_groups, ..rollout_metrics(&trajs, &rewards, tasks, &group) };
     Ok(StepOutput { pg, metrics, ..Default::default() })

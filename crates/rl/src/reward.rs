@@ -70,6 +70,21 @@ pub fn reward(kind: RewardKind, answer: Option<&str>, golds: &[String]) -> f64 {
     }
 }
 
+/// OTC-PO-style tool-productivity factor (Wang et al. 2025, OTC-GRPO): with m the tool calls of a
+/// response and n the fewest calls among the group's correct responses,
+/// r_tool = cos(mπ / (2m + c)) if n = 0, else sin(f(m, n) π / (2n)) with f = 2nm / (m + n):
+/// 1 at m = n, falling to 0 for no calls (when n > 0) and for many calls. The shaped reward is
+/// r_tool × correctness, so only correct answers are paid, more for fewer calls.
+pub fn otc_tool_factor(m: usize, n: usize, c: f64) -> f64 {
+    let (m, nf) = (m as f64, n as f64);
+    if n == 0 {
+        (m * std::f64::consts::PI / (2.0 * m + c)).cos()
+    } else {
+        let f = if m == 0.0 { 0.0 } else { 2.0 * nf * m / (m + nf) };
+        (f * std::f64::consts::PI / (2.0 * nf)).sin()
+    }
+}
+
 /// The last `<answer>…</answer>` of a response (None when there is none).
 pub fn extract_answer(response: &str) -> Option<String> {
     let mut out = None;
@@ -150,6 +165,18 @@ mod tests {
         assert_eq!(extract_answer(prompt), Some("Beijing".into()));
         assert_eq!(extract_boxed(r"The final answer is \[ \boxed{\frac{1}{2}} \]"), Some(r"\frac{1}{2}".into()));
         assert_eq!(extract_boxed("none"), None);
+    }
+
+    #[test]
+    fn otc_factor_hand_computed() {
+        use std::f64::consts::PI;
+        // n = 0 (the tool is not needed): m = 0 → 1; m = 1, c = 1 → cos(π/3) = 0.5.
+        assert!((otc_tool_factor(0, 0, 1.0) - 1.0).abs() < 1e-12);
+        assert!((otc_tool_factor(1, 0, 1.0) - 0.5).abs() < 1e-12);
+        // n = 2: m = 2 → sin(π/2) = 1; m = 0 → 0; m = 6 → f = 24/8 = 3 → sin(3π/4).
+        assert!((otc_tool_factor(2, 2, 1.0) - 1.0).abs() < 1e-12);
+        assert_eq!(otc_tool_factor(0, 2, 1.0), 0.0);
+        assert!((otc_tool_factor(6, 2, 1.0) - (3.0 * PI / 4.0).sin()).abs() < 1e-12);
     }
 
     #[test]
