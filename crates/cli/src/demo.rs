@@ -39,9 +39,9 @@ fn grpo_before_after(world: &std::path::Path, steps: u64) -> Result<()> {
         0.0,
     );
     let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
-    let before = knowrl_eval::agent(&policy, &retriever, &refs, prompt, &agent)?;
+    let before = knowrl_eval::agent(&policy, retriever.as_dyn(), &refs, prompt, &agent)?;
     let m = crate::train::train_with_progress(&policy, &retriever, &cfg, false, "GRPO")?;
-    let after = knowrl_eval::agent(&policy, &retriever, &refs, prompt, &agent)?;
+    let after = knowrl_eval::agent(&policy, retriever.as_dyn(), &refs, prompt, &agent)?;
     println!(
         "| validation split ({} questions, greedy) | EM | TC | TP | boundary acc. |\n|---|---|---|---|---|",
         refs.len()

@@ -101,7 +101,9 @@ fn run_arms<T>(base: &TrainConfig, arms: &[Arm], a: &Args, method: &str, eval: E
             let retriever = crate::train::retriever(&cfg)?;
             let m = train_with_progress(&policy, &retriever, &cfg, false, &format!("{} seed {seed}", arm.label))?;
             step_s.push(m.iter().map(|x| x.step_s).sum::<f64>() / m.len().max(1) as f64);
-            evals.push(eval(&policy, &retriever, &m)?);
+            let dense =
+                retriever.dense().ok_or_else(|| anyhow::anyhow!("reproduce runs on the world's dense retriever"))?;
+            evals.push(eval(&policy, dense, &m)?);
             eprintln!("{}: seed {seed} done", arm.label);
         }
         if seeds > 0 {
@@ -506,7 +508,7 @@ fn bridge(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
     let fixed = crate::train::retriever(&base)?;
-    let before = eval(&policy, &fixed, &[])?;
+    let before = eval(&policy, fixed.dense().expect("the world's retriever is dense"), &[])?;
     let trained = run_arms(&base, &arms, &a, "bridge", &eval)?;
     let rows: Vec<Row<BridgeEval>> =
         std::iter::once(("Pretrained policy".to_string(), vec![before], vec![])).chain(trained).collect();

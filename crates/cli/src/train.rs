@@ -36,6 +36,9 @@ pub fn tasks(cfg: &TrainConfig) -> Result<Vec<Task>> {
             .iter()
             .map(scenario_task)
             .collect(),
+        Suite::Jsonl => {
+            knowrl_eval::data::jsonl_tasks(cfg.data.path.as_ref().expect("validated")).map_err(anyhow::Error::msg)?
+        }
     };
     anyhow::ensure!(!t.is_empty(), "{}: no training tasks for suite {:?}", w.display(), cfg.data.suite);
     Ok(t)
@@ -55,21 +58,55 @@ pub fn load(cfg: &TrainConfig) -> Result<Policy> {
         .with_context(|| format!("loading {}", cfg.model.path.display()))
 }
 
-/// The world's retriever; with a fresh query-side LoRA when BRIDGE trains it.
-pub fn retriever(cfg: &TrainConfig) -> Result<knowrl_retrieval::dense::DenseRetriever> {
-    let lora = (cfg.method.name == Method::Bridge).then(|| knowrl_engine::LoraConfig {
+/// The search tool of a run: a dense retriever (the world's, or an index's; BRIDGE adapts its
+/// query LoRA) or any other index retriever (BM25, hybrid).
+pub enum SearchTool {
+    Dense(Box<knowrl_retrieval::dense::DenseRetriever>),
+    Other(std::sync::Arc<dyn knowrl_retrieval::Retriever>),
+}
+
+impl SearchTool {
+    pub fn as_dyn(&self) -> &dyn knowrl_retrieval::Retriever {
+        match self {
+            SearchTool::Dense(d) => d,
+            SearchTool::Other(o) => o.as_ref(),
+        }
+    }
+    pub fn dense(&self) -> Option<&knowrl_retrieval::dense::DenseRetriever> {
+        match self {
+            SearchTool::Dense(d) => Some(d),
+            SearchTool::Other(_) => None,
+        }
+    }
+}
+
+/// The run's retriever: `data.index` if given, else the world's; with a fresh query-side LoRA
+/// when BRIDGE trains it.
+pub fn retriever(cfg: &TrainConfig) -> Result<SearchTool> {
+    let bridge = cfg.method.name == Method::Bridge;
+    let lora = bridge.then(|| knowrl_engine::LoraConfig {
         rank: cfg.bridge.lora_rank,
         alpha: cfg.bridge.lora_alpha,
         dropout: 0.0,
         target_modules: vec!["query".into(), "value".into()],
     });
-    crate::world_eval::world_retriever_with(&cfg.data.world, lora)
+    Ok(match &cfg.data.index {
+        Some(dir) => {
+            let ix = knowrl_retrieval::index::open(dir)?;
+            if bridge || (ix.spec.dense.is_some() && !ix.spec.bm25) {
+                SearchTool::Dense(Box::new(ix.dense(false, lora)?))
+            } else {
+                SearchTool::Other(ix.retriever(None, false)?)
+            }
+        }
+        None => SearchTool::Dense(Box::new(crate::world_eval::world_retriever_with(&cfg.data.world, lora)?)),
+    })
 }
 
 /// Trains with a progress bar; returns the metrics of the steps run.
 pub fn train_with_progress(
     policy: &Policy,
-    retriever: &knowrl_retrieval::dense::DenseRetriever,
+    retriever: &SearchTool,
     cfg: &TrainConfig,
     resume: bool,
     label: &str,
@@ -79,8 +116,12 @@ pub fn train_with_progress(
     let bar = ProgressBar::new(cfg.run.steps);
     bar.set_style(ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
     bar.set_prefix(label.to_string());
-    let dense = (cfg.method.name == Method::Bridge).then_some(retriever);
-    let env = TrainEnv { policy, reference: reference.as_ref(), retriever, dense };
+    let dense = if cfg.method.name == Method::Bridge {
+        Some(retriever.dense().ok_or_else(|| anyhow::anyhow!("bridge: data.index must have dense vectors"))?)
+    } else {
+        None
+    };
+    let env = TrainEnv { policy, reference: reference.as_ref(), retriever: retriever.as_dyn(), dense };
     let metrics = train(&env, &tasks, cfg, resume, &|m| {
         bar.set_position(m.step + 1);
         bar.set_message(format!(

@@ -71,3 +71,75 @@ pub fn gold_passages(world: &Path, qs: &[&Question]) -> Result<Vec<Vec<String>>,
         })
         .collect()
 }
+
+/// Training/evaluation tasks from a FlashRAG or Search-R1 jsonl file (detected per row), with
+/// Search-R1's agent prompt (a Search-R1 row keeps its own prompt). Errors name `file:line`.
+pub fn jsonl_tasks(p: &Path) -> Result<Vec<Task>, String> {
+    let rows: Vec<serde_json::Value> = load_jsonl(p)?;
+    rows.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let at = || format!("{}:{}", p.display(), i + 1);
+            let strings = |v: &serde_json::Value| -> Option<Vec<String>> {
+                match v {
+                    serde_json::Value::String(s) => Some(vec![s.clone()]),
+                    serde_json::Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_string)).collect(),
+                    _ => None,
+                }
+            };
+            if let Some(q) = r["question"].as_str() {
+                let golden = strings(&r["golden_answers"])
+                    .ok_or_else(|| format!("{}: `golden_answers` must be strings", at()))?;
+                let id = r["id"].as_str().map_or_else(|| format!("row{}", i + 1), str::to_string);
+                let mut t = Task { id, golden, agent: knowrl_rl::prompts::search_r1(q), ..Default::default() };
+                t.query_only = Prompt::user(format!("Answer the question in <answer> </answer>.\nQuestion: {q}"));
+                t.no_tool = t.query_only.clone();
+                Ok(t)
+            } else if let Some(msgs) = r["prompt"].as_array() {
+                let user = msgs
+                    .iter()
+                    .rev()
+                    .find(|m| m["role"] == "user")
+                    .and_then(|m| m["content"].as_str())
+                    .ok_or_else(|| format!("{}: `prompt` has no user message", at()))?;
+                let golden = strings(&r["reward_model"]["ground_truth"]["target"])
+                    .ok_or_else(|| format!("{}: `reward_model.ground_truth.target` must be strings", at()))?;
+                let id = r["extra_info"]["index"].as_u64().map_or_else(|| format!("row{}", i + 1), |x| x.to_string());
+                Ok(Task { id, golden, agent: Prompt::user(user), ..Default::default() })
+            } else {
+                Err(format!("{}: neither a FlashRAG row (`question`) nor a Search-R1 row (`prompt`)", at()))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flashrag_and_search_r1_rows_load_and_bad_rows_name_their_line() {
+        let dir = std::env::temp_dir().join(format!("knowrl-jsonl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("d.jsonl");
+        std::fs::write(
+            &f,
+            concat!(
+                r#"{"id":"t0","question":"who?","golden_answers":["Ada"]}"#,
+                "\n",
+                r#"{"prompt":[{"role":"user","content":"Answer ... Question: who?\n"}],"reward_model":{"ground_truth":{"target":["Ada","A."]}},"extra_info":{"index":7}}"#,
+                "\n"
+            ),
+        )
+        .unwrap();
+        let t = jsonl_tasks(&f).unwrap();
+        assert_eq!(t[0].golden, vec!["Ada"]);
+        assert!(t[0].agent.user.ends_with("Question: who?\n"));
+        assert_eq!((t[1].id.as_str(), t[1].golden.len()), ("7", 2));
+        std::fs::write(&f, "{\"id\":\"x\"}\n{\"question\":\"q\",\"golden_answers\":[1]}\n").unwrap();
+        let e = jsonl_tasks(&f).unwrap_err();
+        assert!(e.ends_with("d.jsonl:1: neither a FlashRAG row (`question`) nor a Search-R1 row (`prompt`)"), "{e}");
+        std::fs::write(&f, "{\"question\":\"q\",\"golden_answers\":[1]}\n").unwrap();
+        assert!(jsonl_tasks(&f).unwrap_err().contains("d.jsonl:1: `golden_answers` must be strings"));
+    }
+}

@@ -98,6 +98,15 @@ pub struct DataSection {
     /// counterfactual contexts by default).
     #[serde(default = "default_scenarios")]
     pub scenarios: Vec<String>,
+    /// `suite = "jsonl"`: a FlashRAG (`{"id","question","golden_answers"}`) or Search-R1
+    /// (`{"prompt":[…], "reward_model":{"ground_truth":{"target":[…]}}}`) jsonl file. Search-R1's
+    /// parquet files convert with `pandas.read_parquet(f).to_json(out, orient="records", lines=True)`.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// `suite = "jsonl"`: an index directory from `knowrl index build` (BM25 / dense / hybrid);
+    /// without it the world's retriever is used.
+    #[serde(default)]
+    pub index: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -106,6 +115,8 @@ pub enum Suite {
     #[default]
     Agent,
     Context,
+    /// Real QA data from `data.path` with Search-R1's agent prompt.
+    Jsonl,
 }
 
 fn default_scenarios() -> Vec<String> {
@@ -194,6 +205,9 @@ impl TrainConfig {
         }
         if self.algorithm.clip_low <= 0.0 || self.algorithm.clip_high <= 0.0 {
             return bad("algorithm.clip_low", "clip ranges must be positive".into());
+        }
+        if self.data.suite == Suite::Jsonl && self.data.path.is_none() {
+            return bad("data.path", "suite = \"jsonl\" needs a jsonl file".into());
         }
         if let Some(s) = self.data.scenarios.iter().find(|s| !matches!(s.as_str(), "S1" | "S2" | "S3" | "S4" | "S5")) {
             return bad("data.scenarios", format!("unknown scenario {s:?} (S1..S5)"));
