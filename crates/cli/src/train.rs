@@ -68,7 +68,7 @@ pub enum SearchTool {
 impl SearchTool {
     pub fn as_dyn(&self) -> &dyn knowrl_retrieval::Retriever {
         match self {
-            SearchTool::Dense(d) => d,
+            SearchTool::Dense(d) => d.as_ref(),
             SearchTool::Other(o) => o.as_ref(),
         }
     }
