@@ -63,7 +63,7 @@ impl Default for PretrainConfig {
             heads: 4,
             kv_heads: 2,
             intermediate_size: 384,
-            epochs: 20,
+            epochs: 40,
             batch: 32,
             lr: 3e-3,
             seed: 7,
