@@ -122,7 +122,13 @@ pub fn train_with_progress(
         None
     };
     let env = TrainEnv { policy, reference: reference.as_ref(), retriever: retriever.as_dyn(), dense };
+    let periodic = PeriodicEval::new(cfg, retriever)?;
     let metrics = train(&env, &tasks, cfg, resume, &|m| {
+        if let Some(e) = &periodic {
+            if let Err(err) = e.run(policy, m.step + 1) {
+                bar.println(format!("periodic evaluation failed: {err:#}"));
+            }
+        }
         bar.set_position(m.step + 1);
         bar.set_message(format!(
             "reward {:.3} tools {:.2} kl {:.4} {:.1}s/step",
@@ -131,6 +137,61 @@ pub fn train_with_progress(
     })?;
     bar.finish_and_clear();
     Ok(metrics)
+}
+
+/// `run.eval_every`: greedy validation-split evaluation during training, appended to eval.jsonl.
+struct PeriodicEval<'a> {
+    cfg: &'a TrainConfig,
+    retriever: &'a SearchTool,
+    questions: Vec<knowrl_world::questions::Question>,
+    items: Vec<knowrl_world::suites::ScenarioItem>,
+}
+
+impl<'a> PeriodicEval<'a> {
+    fn new(cfg: &'a TrainConfig, retriever: &'a SearchTool) -> Result<Option<PeriodicEval<'a>>> {
+        if cfg.run.eval_every == 0 || cfg.data.suite == Suite::Jsonl {
+            return Ok(None);
+        }
+        let take = |n: usize| if cfg.run.eval_limit == 0 { n } else { cfg.run.eval_limit.min(n) };
+        let w = &cfg.data.world;
+        let mut questions = questions(w, Split::Valid).map_err(anyhow::Error::msg)?;
+        questions.truncate(take(questions.len()));
+        let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
+        let mut items = scenario_items(w, Split::Valid, &all).map_err(anyhow::Error::msg)?;
+        items.truncate(take(items.len()));
+        Ok(Some(PeriodicEval { cfg, retriever, questions, items }))
+    }
+
+    fn run(&self, policy: &Policy, done: u64) -> Result<()> {
+        use knowrl_rl::task::Prompt;
+        if done % self.cfg.run.eval_every != 0 {
+            return Ok(());
+        }
+        let row = match self.cfg.data.suite {
+            Suite::Context => {
+                let refs: Vec<_> = self.items.iter().collect();
+                let r = knowrl_eval::scenarios(policy, &refs, |s| {
+                    Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
+                })?;
+                let em: serde_json::Map<String, serde_json::Value> =
+                    r.overall.iter().map(|(k, c)| (k.clone(), serde_json::json!(c.rate()))).collect();
+                serde_json::json!({"step": done, "scenario_em": em})
+            }
+            _ => {
+                let refs: Vec<_> = self.questions.iter().collect();
+                let r = &self.cfg.rollout;
+                let agent = knowrl_rl::agent::AgentConfig::new(r.max_turns, r.topk, r.max_tokens_per_turn, 0.0);
+                let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
+                let a = knowrl_eval::agent(policy, self.retriever.as_dyn(), &refs, prompt, &agent)?;
+                serde_json::json!({"step": done, "em": a.em, "tc": a.tc, "tp": a.tp, "boundary_accuracy": a.boundary_accuracy})
+            }
+        };
+        use std::io::Write;
+        let path = self.cfg.run.out_dir.join("eval.jsonl");
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+        writeln!(f, "{row}")?;
+        Ok(())
+    }
 }
 
 pub fn run(a: Args) -> Result<()> {

@@ -181,6 +181,17 @@ pub struct RunSection {
     pub out_dir: PathBuf,
     /// Checkpoint every N steps (0 = only at the end).
     pub checkpoint_every: u64,
+    /// Greedy evaluation on the validation split every N steps (0 = never), appended to
+    /// `<out_dir>/eval.jsonl` (agent suite: EM/TC/TP; context suite: S1–S5 EM).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Validation questions per periodic evaluation (0 = all).
+    #[serde(default = "default_eval_limit")]
+    pub eval_limit: usize,
+}
+
+fn default_eval_limit() -> usize {
+    100
 }
 
 impl TrainConfig {
