@@ -164,7 +164,7 @@ impl<'a> PeriodicEval<'a> {
 
     fn run(&self, policy: &Policy, done: u64) -> Result<()> {
         use knowrl_rl::task::Prompt;
-        if done % self.cfg.run.eval_every != 0 {
+        if !done.is_multiple_of(self.cfg.run.eval_every) {
             return Ok(());
         }
         let row = match self.cfg.data.suite {
