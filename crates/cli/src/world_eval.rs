@@ -5,14 +5,14 @@
 use crate::world::EvalArgs;
 use anyhow::Result;
 use knowrl_engine::encoder::Encoder;
-use knowrl_engine::generate::generate;
-use knowrl_engine::{LoadOptions, Message, Policy, Rng, SamplingParams};
+use knowrl_engine::{LoadOptions, Policy, Rng};
 use knowrl_retrieval::corpus::{read_corpus, Corpus};
 use knowrl_retrieval::dense::{DenseIndex, DenseRetriever};
 use knowrl_retrieval::flat::{FlatIndex, VecDtype};
 use knowrl_retrieval::Retriever;
-use knowrl_rl::agent::{rollout, AgentConfig};
-use knowrl_rl::reward::{exact_match, extract_answer};
+use knowrl_rl::agent::AgentConfig;
+use knowrl_rl::task::Prompt;
+use knowrl_rl::reward::exact_match;
 use knowrl_world::prompts;
 use knowrl_world::questions::{Question, Split};
 use knowrl_world::suites::ScenarioItem;
@@ -43,25 +43,6 @@ pub fn world_retriever_with(
     Ok(DenseRetriever::new(enc, DenseIndex::Flat(flat), Arc::new(Corpus::Memory(passages))))
 }
 
-/// Greedy single-turn answers for user messages (batched).
-pub fn answers(policy: &Policy, users: &[String], max_new: usize) -> Result<Vec<String>> {
-    let tok = policy.tokenizer()?;
-    let mut out = vec![];
-    for chunk in users.chunks(64) {
-        let prompts: Vec<Vec<u32>> = chunk
-            .iter()
-            .map(|u| Ok(tok.encode(&tok.apply_chat_template(&[Message::new("user", u)], true)?, false)?))
-            .collect::<Result<_>>()?;
-        let params = SamplingParams { stop: vec!["</answer>".into()], ..SamplingParams::greedy(max_new) };
-        let gens =
-            generate(&policy.lm, Some(tok), &prompts, &params, &vec![0; prompts.len()], &tok.eos_ids, tok.pad_id)?;
-        for g in gens {
-            out.push(extract_answer(&tok.decode(&g.tokens, true)?).unwrap_or_default());
-        }
-    }
-    Ok(out)
-}
-
 fn em_rate(preds: &[String], golds: &[&Vec<String>]) -> f64 {
     if preds.is_empty() {
         return f64::NAN;
@@ -79,7 +60,11 @@ pub fn run(a: EvalArgs) -> Result<()> {
 
     // Query-only, single hop.
     let single: Vec<&Question> = test.iter().copied().filter(|q| q.hops == 1).collect();
-    let preds = answers(&policy, &single.iter().map(|q| prompts::query_only(&q.question)).collect::<Vec<_>>(), 16)?;
+    let preds = knowrl_eval::greedy_answers(
+        &policy,
+        &single.iter().map(|q| Prompt::user(prompts::query_only(&q.question))).collect::<Vec<_>>(),
+        16,
+    )?;
     let by = |pk: bool| {
         let (p, g): (Vec<String>, Vec<&Vec<String>>) = single
             .iter()
@@ -94,9 +79,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
 
     // Context scenarios S1–S5 (EM against the true answer).
     let items: Vec<&ScenarioItem> = scenarios.iter().filter(|s| s.split == Split::Test).collect();
-    let preds = answers(
+    let preds = knowrl_eval::greedy_answers(
         &policy,
-        &items.iter().map(|s| prompts::with_context(&s.question, &s.context)).collect::<Vec<_>>(),
+        &items.iter().map(|s| Prompt::user(prompts::with_context(&s.question, &s.context))).collect::<Vec<_>>(),
         16,
     )?;
     let mut table: BTreeMap<String, (usize, usize, usize, usize)> = BTreeMap::new();
@@ -161,22 +146,14 @@ pub fn run(a: EvalArgs) -> Result<()> {
         }
         agent_qs.truncate(a.limit);
     }
-    let tok = policy.tokenizer()?;
     let cfg = AgentConfig::new(4, 3, 48, 0.0);
-    let mut trajs = vec![];
-    for chunk in agent_qs.chunks(64) {
-        let prompts: Vec<Vec<u32>> = chunk
-            .iter()
-            .map(|q| {
-                Ok(tok.encode(
-                    &tok.apply_chat_template(&[Message::new("user", &prompts::agent(&q.question))], true)?,
-                    false,
-                )?)
-            })
-            .collect::<Result<_>>()?;
-        let mut rngs: Vec<Rng> = (0..prompts.len()).map(|i| Rng::new(i as u64)).collect();
-        trajs.extend(rollout(&policy.lm, tok, &prompts, &retriever, &cfg, &mut rngs)?);
-    }
+    let trajs = knowrl_eval::agent_trajectories(
+        &policy,
+        &retriever,
+        &agent_qs,
+        |q| Prompt::user(prompts::agent(&q.question)),
+        &cfg,
+    )?;
     let agent_rows: Vec<(&Question, bool, usize)> = agent_qs
         .iter()
         .zip(&trajs)

@@ -6,7 +6,6 @@ use knowrl_engine::{Mode, Rng};
 use knowrl_rl::akbe::{
     categorise, rejected, select_target, step, AkbeConfig, Category, OfflineSignals, Outcome, Target, TargetRule,
 };
-use knowrl_rl::trainer::StepCtx;
 use knowrl_rl::update::{ce_backward, CeRow};
 
 fn o(correct: bool, tool_calls: usize, tokens: usize) -> Outcome {
@@ -127,15 +126,7 @@ fn a_step_on_the_world_builds_targets_for_tool_and_no_tool_paths() {
         "[method]\nname = \"akbe\"\n[akbe]\nn_wt = 3\nn_nt = 2\n",
     );
     let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().take(6).collect();
-    let ctx = StepCtx {
-        policy: &policy,
-        reference: None,
-        tok: policy.tokenizer().unwrap(),
-        retriever: &r,
-        dense: None,
-        cfg: &cfg,
-        step: 0,
-    };
+    let ctx = common::ctx(&policy, &r, &cfg);
     let out = step(&ctx, &picks, &mut OfflineSignals::default()).unwrap();
     let m = &out.metrics.extra;
     let total: f64 = Category::ALL.iter().map(|c| m[&format!("cat_{}", c.name())]).sum();

@@ -170,15 +170,7 @@ fn a_world_step_with_each_estimator_updates_the_adapter_and_logs_turns() {
         );
         let before: Vec<tch::Tensor> =
             r.encoder.lock().unwrap().adapter_parameters().iter().map(|(_, t)| t.copy()).collect();
-        let ctx = StepCtx {
-            policy: &policy,
-            reference: None,
-            tok: policy.tokenizer().unwrap(),
-            retriever: &r,
-            dense: Some(&r),
-            cfg: &cfg,
-            step: 0,
-        };
+        let ctx = StepCtx { dense: Some(&r), ..common::ctx(&policy, &r, &cfg) };
         let mut state = BridgeState::new();
         let out = step(&ctx, &picks, &mut state).unwrap();
         let m = &out.metrics.extra;

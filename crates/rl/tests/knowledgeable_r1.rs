@@ -4,7 +4,6 @@ mod common;
 use knowrl_rl::knowledgeable_r1::{
     advantages, step, transform, Beta, KnowledgeableR1Config, PkAdvantage, QuestionRewards,
 };
-use knowrl_rl::trainer::StepCtx;
 use knowrl_rl::update::{pg_backward, Normaliser};
 
 const EPS: f64 = 1e-6;
@@ -112,15 +111,7 @@ fn step_ctx_rows(extra: &str) -> (Vec<knowrl_rl::update::PgRow>, Vec<knowrl_rl::
         1,
         &format!("[method]\nname = \"knowledgeable_r1\"\n[knowledgeable_r1]\nn_pk = 3\nn_ck = 2\n{extra}"),
     );
-    let ctx = StepCtx {
-        policy: &policy,
-        reference: None,
-        tok: policy.tokenizer().unwrap(),
-        retriever: &r,
-        dense: None,
-        cfg: &cfg,
-        step: 0,
-    };
+    let ctx = common::ctx(&policy, &r, &cfg);
     let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().collect();
     let out = step(&ctx, &picks).unwrap();
     (out.pg, tasks, out.norm)

@@ -117,3 +117,16 @@ checkpoint_every = 1
     c.validate().unwrap();
     c
 }
+
+/// A step context at step 0 over `policy` and `retriever` (no reference, no trainable retriever).
+pub fn ctx<'a>(policy: &'a Policy, retriever: &'a DenseRetriever, cfg: &'a TrainConfig) -> knowrl_rl::trainer::StepCtx<'a> {
+    knowrl_rl::trainer::StepCtx {
+        policy,
+        reference: None,
+        tok: policy.tokenizer().unwrap(),
+        retriever,
+        dense: None,
+        cfg,
+        step: 0,
+    }
+}
