@@ -202,15 +202,31 @@ fn objectives_values_and_gradient_signs() {
         );
         s.logprobs.sum(tch::Kind::Float).double_value(&[])
     };
-    let (g0, b0) = (lp(&good), lp(&bad));
-    tch::no_grad(|| {
+    // Each objective's gradient alone, one small SGD step: a row with A > 0 gains log-prob, a row
+    // with A < 0 loses it (rows are stepped separately: they share the answer tags).
+    let step_on = |r: &knowrl_rl::update::PgRow| {
         for (_, p) in &params {
-            let g = p.grad();
-            if g.defined() {
-                let _ = p.shallow_clone().f_sub_(&(g * 1e-2)).unwrap();
-            }
+            p.shallow_clone().zero_grad();
         }
-    });
-    assert!(lp(&good) > g0, "positive advantage: log-prob must rise");
-    assert!(lp(&bad) < b0, "negative advantage: log-prob must fall");
+        let before: Vec<tch::Tensor> = params.iter().map(|(_, p)| p.detach().copy()).collect();
+        let lp0 = lp(&r.response);
+        pg_backward(&policy, None, std::slice::from_ref(r), norm, &cfg.algorithm, 1.0, 8);
+        tch::no_grad(|| {
+            for (_, p) in &params {
+                let g = p.grad();
+                if g.defined() {
+                    let _ = p.shallow_clone().f_sub_(&(g * 1e-2)).unwrap();
+                }
+            }
+        });
+        let lp1 = lp(&r.response);
+        tch::no_grad(|| {
+            for ((_, p), b) in params.iter().zip(&before) {
+                p.shallow_clone().copy_(b);
+            }
+        });
+        lp1 - lp0
+    };
+    assert!(step_on(&rows[0]) > 0.0, "positive advantage: log-prob must rise");
+    assert!(step_on(&rows[1]) < 0.0, "negative advantage: log-prob must fall");
 }

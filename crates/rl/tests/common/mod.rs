@@ -119,7 +119,11 @@ checkpoint_every = 1
 }
 
 /// A step context at step 0 over `policy` and `retriever` (no reference, no trainable retriever).
-pub fn ctx<'a>(policy: &'a Policy, retriever: &'a DenseRetriever, cfg: &'a TrainConfig) -> knowrl_rl::trainer::StepCtx<'a> {
+pub fn ctx<'a>(
+    policy: &'a Policy,
+    retriever: &'a DenseRetriever,
+    cfg: &'a TrainConfig,
+) -> knowrl_rl::trainer::StepCtx<'a> {
     knowrl_rl::trainer::StepCtx {
         policy,
         reference: None,
