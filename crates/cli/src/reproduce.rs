@@ -338,6 +338,7 @@ fn akbe(a: Args) -> Result<()> {
         arm("w/o Hallucination", true, only(&[ToolDependent, Efficiency])),
         arm("w/ Tool-dependent only", true, only(&[ToolDependent])),
         arm("Offline AKBE", true, |c| c.akbe.signals = Signals::Offline),
+        arm("AKBE, DPO variant (Appendix C)", true, |c| c.akbe.objective = knowrl_rl::akbe::Objective::Dpo),
         arm("GRPO + OTC reward", true, move |c| {
             plain(c);
             c.reward.tool_productivity = true;

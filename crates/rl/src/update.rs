@@ -93,11 +93,11 @@ pub fn pg_backward(
     for mb in rows.chunks(micro_batch.max(1)) {
         let reqs = requests(mb);
         let t0 = std::time::Instant::now();
-        // π_old is the policy that generated the batch: one update per batch, so the current
-        // weights before this step (the ratio is 1 at the first micro-batch; clipping matters
-        // when epochs per batch > 1).
-        let old = tch::no_grad(|| score(&policy.lm, &reqs, temp, Mode::EVAL).logprobs);
+        // π_old is the policy that generated the batch. The trainer makes one optimiser step per
+        // batch, after every micro-batch is scored, so π_old's log-probs are the current ones:
+        // detaching them saves the second forward pass (TRL does the same for one iteration).
         let s = score(&policy.lm, &reqs, temp, Mode::TRAIN);
+        let old = s.logprobs.detach();
         let adv = Tensor::from_slice(&mb.iter().map(|r| r.advantage as f32).collect::<Vec<_>>());
         let weight = Tensor::from_slice(&mb.iter().map(|r| r.weight as f32).collect::<Vec<_>>()).unsqueeze(1);
         let (per_token, clipped) = if gspo {
