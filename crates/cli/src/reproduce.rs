@@ -269,7 +269,7 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
         let cells: Vec<String> = classes.iter().map(|c| cell(&to_vec(&j[*c]), 1.0)).collect();
         md += &format!("| {label} | {} |\n", cells.join(" | "));
     }
-    let mean_of = |label: &str, key: &str| mean_std(&to_vec(&table[label][key])).0;
+    let mean_of = |label: &str, key: &str| table.get(label).map_or(f64::NAN, |v| mean_std(&to_vec(&v[key])).0);
     let s2_gain = mean_of("Knowledgeable-R1", "S2") - mean_of("GRPO w/ RAG", "S2");
     let s1_delta = mean_of("Knowledgeable-R1", "S1") - mean_of("GRPO w/ RAG", "S1");
     md += &format!(
@@ -395,7 +395,7 @@ fn akbe(a: Args) -> Result<()> {
         md += &format!("| {label} | {} |\n", cells.join(" | "));
         table.insert(label.clone(), Value::Object(j));
     }
-    let m = |label: &str, key: &str| mean_std(&to_vec(&table[label][key])).0;
+    let m = |label: &str, key: &str| table.get(label).map_or(f64::NAN, |v| mean_std(&to_vec(&v[key])).0);
     let tc_ratio = m("GRPO + AKBE", "tc") / m("GRPO", "tc");
     let em_delta = m("GRPO + AKBE", "em") - m("GRPO", "em");
     let tp_ratio = m("GRPO + AKBE", "tp") / m("GRPO", "tp");
