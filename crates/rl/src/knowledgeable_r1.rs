@@ -240,13 +240,13 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput>
         seen[q] += 1;
         pg.push(row(&pc_ids[j], t, adv.ck[q][i], k.lambda_ck));
     }
+    let context_ids: Vec<Vec<u32>> = tasks.iter().map(|t| ctx_prompt(t).ids(ctx.tok)).collect::<Result<_, _>>()?;
     let mut seen = vec![0usize; tasks.len()];
     for (j, t) in pk_trajs.iter().enumerate() {
         let q = pk_group[j];
         let i = seen[q];
         seen[q] += 1;
-        let context_ids = ctx_prompt(tasks[q]).ids(ctx.tok)?;
-        pg.push(row(&context_ids, t, adv.rpk[q][i], k.lambda_rpk));
+        pg.push(row(&context_ids[q], t, adv.rpk[q][i], k.lambda_rpk));
         pg.push(row(&p_ids[j], t, adv.pk[q][i], k.lambda_pk));
     }
     pg.retain(|r| r.weight != 0.0);
