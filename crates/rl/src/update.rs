@@ -142,13 +142,8 @@ pub fn pg_backward(
 
 /// Per-sequence token-mean negative log-likelihood [B] of `rows` (mask applied).
 pub fn sequence_nll(policy: &Policy, rows: &[&CeRow], mode: Mode) -> Tensor {
-    let reqs: Vec<ScoreRequest> = rows
-        .iter()
-        .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
-        .collect();
-    let s = score(&policy.lm, &reqs, 1.0, mode);
-    -(&s.logprobs * &s.mask).sum_dim_intlist(1, false, Kind::Float)
-        / s.mask.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0)
+    let (logp, n) = sequence_logp(policy, rows, mode);
+    -logp / n.clamp_min(1.0)
 }
 
 /// Accumulates ∇ of coef × mean over rows of the per-sequence token-mean NLL; returns that
@@ -168,14 +163,14 @@ pub fn ce_backward(policy: &Policy, rows: &[CeRow], coef: f64, micro_batch: usiz
     total / n
 }
 
-/// Sum of a sequence's masked token log-probs [B] (DPO scores whole sequences).
-fn sequence_logp(policy: &Policy, rows: &[&CeRow], mode: Mode) -> Tensor {
+/// Sum of each sequence's masked token log-probs [B] and its masked token count [B].
+fn sequence_logp(policy: &Policy, rows: &[&CeRow], mode: Mode) -> (Tensor, Tensor) {
     let reqs: Vec<ScoreRequest> = rows
         .iter()
         .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
         .collect();
     let s = score(&policy.lm, &reqs, 1.0, mode);
-    (&s.logprobs * &s.mask).sum_dim_intlist(1, false, Kind::Float)
+    ((&s.logprobs * &s.mask).sum_dim_intlist(1, false, Kind::Float), s.mask.sum_dim_intlist(1, false, Kind::Float))
 }
 
 /// DPO (Rafailov et al. 2023): −log σ(β[(log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))]),
@@ -200,8 +195,8 @@ pub fn dpo_backward(
             Some(r) => (r, Mode::EVAL),
             None => (policy, Mode::REFERENCE),
         };
-        let (rw, rl) = tch::no_grad(|| (sequence_logp(r, &w, mode), sequence_logp(r, &l, mode)));
-        let margin = (sequence_logp(policy, &w, Mode::TRAIN) - rw) - (sequence_logp(policy, &l, Mode::TRAIN) - rl);
+        let (rw, rl) = tch::no_grad(|| (sequence_logp(r, &w, mode).0, sequence_logp(r, &l, mode).0));
+        let margin = (sequence_logp(policy, &w, Mode::TRAIN).0 - rw) - (sequence_logp(policy, &l, Mode::TRAIN).0 - rl);
         let loss = -(margin * beta).log_sigmoid().sum(Kind::Float);
         total += loss.double_value(&[]);
         (loss * (coef / n)).backward();
@@ -230,8 +225,7 @@ pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, micro_batch: 
     let mut total = 0.0;
     for mb in turns.chunks(per) {
         let rows: Vec<&CeRow> = mb.iter().flat_map(|t| t.docs.iter()).collect();
-        let logp = -sequence_nll(policy, &rows, Mode::TRAIN)
-            * Tensor::from_slice(&rows.iter().map(|r| mask_len(&r.loss_mask) as f32).collect::<Vec<_>>());
+        let logp = sequence_logp(policy, &rows, Mode::TRAIN).0;
         let log_rho: Vec<f32> = mb.iter().flat_map(|t| t.rho.iter().map(|r| r.max(1e-30).ln() as f32)).collect();
         let shape = [mb.len() as i64, k as i64];
         let mix = (logp.view(shape) + Tensor::from_slice(&log_rho).view(shape)).logsumexp([1i64].as_slice(), false);
