@@ -24,6 +24,9 @@ pub enum Suite {
     Bamboogle,
     /// NQ test head (17 questions), query only.
     Nq,
+    /// HotpotQA (IRCoT's 500-question dev subsample) as a search agent: Search-R1 prompt, BM25
+    /// over the pooled paragraphs (4,858): EM, F1, TC, TP, supporting-passage recall.
+    Hotpotqa,
 }
 
 #[derive(clap::Args)]
@@ -47,6 +50,12 @@ pub struct Args {
     pub limit: usize,
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+    /// Agent suites: most search calls per question.
+    #[arg(long, default_value_t = 4)]
+    pub max_turns: usize,
+    /// Agent suites: passages per search.
+    #[arg(long, default_value_t = 3)]
+    pub topk: usize,
     /// Write the figures here (JSON).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -95,7 +104,7 @@ pub fn run(a: Args) -> Result<()> {
             let qs = take(questions(&a.world, world_split).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = qs.iter().collect();
             let retriever = crate::world_eval::world_retriever(&a.world)?;
-            let cfg = knowrl_rl::agent::AgentConfig::new(4, 3, 48, 0.0);
+            let cfg = knowrl_rl::agent::AgentConfig::new(a.max_turns, a.topk, 48, 0.0);
             let r = knowrl_eval::agent(
                 &policy,
                 &retriever,
@@ -153,6 +162,27 @@ pub fn run(a: Args) -> Result<()> {
             let f = (0..rows.len()).map(|i| f1(&pred(i), &rows[i].golden_answers)).sum::<f64>() / n;
             println!("EM {em:.3}  sub-EM {sub:.3}  F1 {f:.3}  (n = {})", rows.len());
             json!({"em": em, "sub_em": sub, "f1": f, "n": rows.len()})
+        }
+        Suite::Hotpotqa => {
+            use knowrl_retrieval::{bm25::Bm25, corpus::Corpus};
+            let file = a.data.join("hotpotqa_ircot/dev_subsampled.jsonl");
+            let (passages, qs) = knowrl_retrieval::corpus::hotpotqa_ircot(&file)?;
+            let qs = take(qs, a.limit);
+            let dir = std::env::temp_dir().join(format!("knowrl-hotpotqa-bm25-{}", std::process::id()));
+            let bm25 = Bm25::build(&dir, std::sync::Arc::new(Corpus::Memory(passages)), |_| {})?;
+            let prompts: Vec<Prompt> = qs.iter().map(|q| knowrl_rl::prompts::search_r1(&q.question)).collect();
+            let cfg = knowrl_rl::agent::AgentConfig::new(a.max_turns, a.topk, a.max_new_tokens, 0.0);
+            let trajs = knowrl_eval::prompt_trajectories(&policy, &bm25, &prompts, &cfg);
+            let _ = std::fs::remove_dir_all(&dir);
+            let trajs = trajs?;
+            let golds: Vec<Vec<String>> = qs.iter().map(|q| q.answers.clone()).collect();
+            let support: Vec<Vec<String>> = qs.iter().map(|q| q.supporting.clone()).collect();
+            let r = knowrl_eval::score_open_agent(&golds, &support, &trajs);
+            println!(
+                "EM {:.3}  F1 {:.3}  sub-EM {:.3}  TC {:.2}  TP {:.1}  answered {:.3}  support recall {:.3}  (n = {})",
+                r.em, r.f1, r.sub_em, r.tc, r.tp, r.answered, r.support_recall, r.n
+            );
+            serde_json::to_value(&r)?
         }
     };
     if let Some(out) = a.out {

@@ -78,6 +78,9 @@ pub struct PretrainArgs {
     /// Copies of each parametric-knowledge example per epoch.
     #[arg(long)]
     pub fact_repeats: Option<usize>,
+    /// Shadow worlds for reading practice (0 = none; see PretrainConfig::shadow_worlds).
+    #[arg(long)]
+    pub shadow_worlds: Option<usize>,
     /// Keep the existing encoder (train only the tokenizer-compatible policy).
     #[arg(long)]
     pub policy_only: bool,
@@ -113,6 +116,9 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
     }
     if let Some(r) = a.fact_repeats {
         pc.fact_repeats = r;
+    }
+    if let Some(k) = a.shadow_worlds {
+        pc.shadow_worlds = k;
     }
     let (pdir, edir) = (a.world.join("policy"), a.world.join("encoder"));
     let t0 = std::time::Instant::now();

@@ -99,8 +99,42 @@ impl<'a> DecodeSession<'a> {
                 m
             })
             .collect();
+        if self.cache.len == 0 {
+            // A fresh session whose rows repeat prompts (G samples per prompt): prefill each
+            // distinct prompt once and copy its cache rows.
+            let mut index: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+            let mut unique: Vec<Vec<u32>> = vec![];
+            let rows: Vec<i64> = merged
+                .iter()
+                .map(|m| {
+                    *index.entry(m.as_slice()).or_insert_with(|| {
+                        unique.push(m.clone());
+                        unique.len() - 1
+                    }) as i64
+                })
+                .collect();
+            if unique.len() < merged.len() && unique.iter().all(|u| !u.is_empty()) {
+                self.prefill_shared(&unique, &rows);
+                return Ok(());
+            }
+        }
         self.feed(&merged);
         Ok(())
+    }
+
+    /// Feeds `unique` blocks as a batch of their own, then expands the session to one row per
+    /// entry of `rows` (index into `unique`). Same cache and logits as feeding every row.
+    fn prefill_shared(&mut self, unique: &[Vec<u32>], rows: &[i64]) {
+        let b = self.batch();
+        self.valid = vec![vec![]; unique.len()];
+        self.n_real = vec![0; unique.len()];
+        self.feed(unique);
+        let idx = Tensor::from_slice(rows).to_device(self.lm.device());
+        self.cache.select_rows(&idx);
+        self.valid = rows.iter().map(|&u| self.valid[u as usize].clone()).collect();
+        self.n_real = rows.iter().map(|&u| self.n_real[u as usize]).collect();
+        self.last_logits = self.last_logits.take().map(|l| l.index_select(0, &idx));
+        debug_assert_eq!(self.batch(), b);
     }
 
     /// One forward pass over right-aligned ragged blocks; updates cache and next-token logits.

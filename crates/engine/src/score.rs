@@ -61,31 +61,115 @@ pub struct ScoreRequest<'a> {
 }
 
 /// Scores a micro-batch. `temperature` divides the logits as the sampler did, so the
-/// log-probs match the rollout distribution (verl's convention).
+/// log-probs match the rollout distribution (verl's convention). Rows that share a prompt (a
+/// GRPO group, Knowledgeable-R1's re-scored rows) run it once: [`score_shared`].
 pub fn score(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
+    let (unique, _) = distinct_prompts(reqs);
+    if unique.len() < reqs.len() && reqs.iter().all(|q| q.prompt.len() > 1) {
+        score_shared(lm, reqs, temperature, mode)
+    } else {
+        score_packed(lm, reqs, temperature, mode)
+    }
+}
+
+/// The distinct prompts (first-appearance order) and, per request, the index of its prompt.
+fn distinct_prompts<'a>(reqs: &[ScoreRequest<'a>]) -> (Vec<&'a [u32]>, Vec<i64>) {
+    let mut index: std::collections::HashMap<&[u32], i64> = std::collections::HashMap::new();
+    let mut unique = vec![];
+    let rows = reqs
+        .iter()
+        .map(|q| {
+            *index.entry(q.prompt).or_insert_with(|| {
+                unique.push(q.prompt);
+                unique.len() as i64 - 1
+            })
+        })
+        .collect();
+    (unique, rows)
+}
+
+/// Every row as one right-padded sequence prompt ‖ response.
+pub fn score_packed(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
     let dev = lm.device();
-    let b = reqs.len() as i64;
-    let r_max = reqs.iter().map(|q| q.response.len()).max().unwrap_or(0).max(1) as i64;
     let seqs: Vec<Vec<u32>> = reqs.iter().map(|q| [q.prompt, q.response].concat()).collect();
     let batch = PackedBatch::new(&seqs, dev);
     let l = batch.width as i64;
     // Row i's response token t sits at p_i + t and is predicted by the hidden state at p_i + t - 1.
-    let (mut src, mut dst, mut targets, mut keep) = (vec![], vec![], vec![], vec![0f32; (b * r_max) as usize]);
+    let mut src = vec![];
     for (i, q) in reqs.iter().enumerate() {
         let p = q.prompt.len() as i64;
         assert!(p > 0, "score: empty prompt");
+        src.extend((0..q.response.len() as i64).map(|t| i as i64 * l + p + t - 1));
+    }
+    let hidden = lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, mode);
+    let d = hidden.size()[2];
+    let h = hidden.view([-1, d]).index_select(0, &Tensor::from_slice(&src).to_device(dev));
+    response_scores(lm, h, reqs, temperature)
+}
+
+/// Shared-prefix scoring: each distinct prompt minus its last token runs once
+/// ([`DecoderLm::forward_prefix`]); every row then runs [last prompt token ‖ response] attending
+/// to its prompt's keys/values. Same values and gradients as [`score_packed`] (tested) with the
+/// prompt computed once per prompt instead of once per row.
+pub fn score_shared(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
+    let dev = lm.device();
+    let (unique, rows) = distinct_prompts(reqs);
+    assert!(reqs.iter().all(|q| q.prompt.len() > 1), "score_shared: prompts need 2+ tokens");
+    let prefixes: Vec<Vec<u32>> = unique.iter().map(|p| p[..p.len() - 1].to_vec()).collect();
+    let pre = PackedBatch::new(&prefixes, dev);
+    let kv = lm.forward_prefix(&pre.ids, &pre.positions, &pre.mask, mode);
+    // Continuation of row i: the prompt's last token, then the response minus its last token.
+    let conts: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|q| {
+            let mut c = vec![q.prompt[q.prompt.len() - 1]];
+            c.extend_from_slice(&q.response[..q.response.len().saturating_sub(1)]);
+            c
+        })
+        .collect();
+    let (b, t, pw) = (reqs.len(), conts.iter().map(Vec::len).max().unwrap_or(1), pre.width);
+    let (mut ids, mut pos, mut mask) = (vec![0i64; b * t], vec![0i64; b * t], vec![false; b * t * (pw + t)]);
+    let mut src = vec![];
+    for (i, c) in conts.iter().enumerate() {
+        let p0 = reqs[i].prompt.len() - 1; // real prefix tokens of this row
+        for q in 0..t {
+            if q < c.len() {
+                ids[i * t + q] = c[q] as i64;
+            }
+            pos[i * t + q] = (p0 + q) as i64;
+            let m = &mut mask[(i * t + q) * (pw + t)..(i * t + q + 1) * (pw + t)];
+            m[..p0].iter_mut().for_each(|x| *x = true);
+            for (j, x) in m[pw..].iter_mut().enumerate() {
+                *x = j == q || (j < q && j < c.len());
+            }
+        }
+        src.extend((0..reqs[i].response.len()).map(|q| (i * t + q) as i64));
+    }
+    let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
+    let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
+    let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, (pw + t) as i64]).to_device(dev);
+    let rows = Tensor::from_slice(&rows).to_device(dev);
+    let hidden = lm.forward_after_prefix(&ids, &pos, &mask, &kv, &rows, mode);
+    let d = hidden.size()[2];
+    let h = hidden.view([-1, d]).index_select(0, &Tensor::from_slice(&src).to_device(dev));
+    response_scores(lm, h, reqs, temperature)
+}
+
+/// Log-probs and entropies from `h` [N, D]: the hidden states that predict each response token,
+/// row by row. Only these go through the LM head.
+fn response_scores(lm: &DecoderLm, h: Tensor, reqs: &[ScoreRequest], temperature: f64) -> Scored {
+    let dev = lm.device();
+    let b = reqs.len() as i64;
+    let r_max = reqs.iter().map(|q| q.response.len()).max().unwrap_or(0).max(1) as i64;
+    let (mut dst, mut targets, mut keep) = (vec![], vec![], vec![0f32; (b * r_max) as usize]);
+    for (i, q) in reqs.iter().enumerate() {
         for (t, &tok) in q.response.iter().enumerate() {
-            src.push(i as i64 * l + p + t as i64 - 1);
             dst.push(i as i64 * r_max + t as i64);
             targets.push(tok as i64);
             keep[(i as i64 * r_max) as usize + t] = q.loss_mask.map_or(1.0, |m| m[t] as u8 as f32);
         }
     }
-    let hidden = lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, mode);
-    let d = hidden.size()[2];
-    let src = Tensor::from_slice(&src).to_device(dev);
     let dst = Tensor::from_slice(&dst).to_device(dev);
-    let h = hidden.view([b * l, d]).index_select(0, &src);
     let logits = lm.logits(&h);
     let logits = if temperature > 0.0 && temperature != 1.0 { logits / temperature } else { logits };
     let logp_all = logits.log_softmax(-1, logits.kind());

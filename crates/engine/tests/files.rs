@@ -5,7 +5,7 @@ use common::*;
 use knowrl_engine::checkpoint;
 use knowrl_engine::config::DecoderConfig;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
-use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::score::{score, score_packed, score_shared, ScoreRequest};
 use knowrl_engine::weights::{read_all, write_atomic};
 use knowrl_engine::{EngineError, LoadOptions, LoraConfig, Mode, Policy, Tokenizer};
 use serde_json::{json, Value};
@@ -267,6 +267,49 @@ fn gradient_accumulation_over_micro_batches_equals_the_full_batch() {
         let d = max_abs_diff(&t.grad(), w);
         assert!(d < 1e-6, "{n}: {d}");
     }
+}
+
+#[test]
+fn shared_prefix_scoring_matches_packed_scoring_values_and_gradients() {
+    // Two prompts of different lengths, each shared by several rows; ragged responses, an
+    // empty one, a loss mask: the prompt-once path must give the same log-probs, entropies
+    // and parameter gradients as running every row in full.
+    let p = tiny_policy(None);
+    let (a, b): (&[u32], &[u32]) = (&[1, 5, 7, 8], &[1, 3]);
+    let reqs = [
+        ScoreRequest { prompt: a, response: &[9, 10, 2], loss_mask: None },
+        ScoreRequest { prompt: b, response: &[11, 12, 13, 2], loss_mask: None },
+        ScoreRequest { prompt: a, response: &[20, 2], loss_mask: Some(&[true, false]) },
+        ScoreRequest { prompt: a, response: &[], loss_mask: None },
+        ScoreRequest { prompt: b, response: &[4, 4, 4, 4, 4, 2], loss_mask: None },
+    ];
+    let run = |f: fn(
+        &knowrl_engine::models::llama::DecoderLm,
+        &[ScoreRequest],
+        f64,
+        Mode,
+    ) -> knowrl_engine::score::Scored| {
+        let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
+        opt.zero_grad();
+        let s = f(&p.lm, &reqs, 0.7, Mode::TRAIN);
+        ((&s.logprobs * &s.mask).sum(Kind::Float) + s.logprobs.select(0, 1).sum(Kind::Float)).backward();
+        let grads: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
+        (s, grads)
+    };
+    let (want, want_g) = run(score_packed);
+    let (got, got_g) = run(score_shared);
+    assert_eq!(want.logprobs.size(), got.logprobs.size());
+    assert!(max_abs_diff(&want.logprobs, &got.logprobs) < 1e-5, "{}", max_abs_diff(&want.logprobs, &got.logprobs));
+    assert!(max_abs_diff(&want.entropy, &got.entropy) < 1e-5);
+    assert!(want.mask.equal(&got.mask));
+    assert!(want.logprobs.abs().sum(Kind::Float).double_value(&[]) > 1.0);
+    for ((n, _), (w, g)) in p.trainable_parameters().iter().zip(want_g.iter().zip(&got_g)) {
+        let d = max_abs_diff(w, g);
+        assert!(d < 1e-5, "{n}: {d}");
+    }
+    // `score` picks the shared path here and returns the same numbers.
+    let s = score(&p.lm, &reqs, 0.7, Mode::EVAL);
+    assert!(max_abs_diff(&s.logprobs, &want.logprobs) < 1e-5);
 }
 
 #[test]

@@ -132,3 +132,34 @@ fn stop_strings_and_eos_end_generation_on_real_model() {
     assert!(t.ends_with("France"), "{t:?}");
     assert_eq!(&full[0].tokens[..cut[0].tokens.len()], &cut[0].tokens[..]);
 }
+
+#[test]
+fn repeated_prompts_prefill_once_and_generate_as_if_alone() {
+    // Rows repeating a prompt (a GRPO group) share one prefill; each row must still sample,
+    // score and resume exactly as it would alone.
+    let p = tiny("qwen3");
+    let pr = prompts();
+    let batch = vec![pr[0].clone(), pr[1].clone(), pr[0].clone(), pr[0].clone(), pr[1].clone()];
+    let params = SamplingParams { temperature: 1.0, max_new_tokens: 8, ..Default::default() };
+    let seeds = [5, 6, 7, 8, 9];
+    let together = generate(&p.lm, None, &batch, &params, &seeds, &[], 0).unwrap();
+    for (r, g) in together.iter().enumerate() {
+        let alone = generate(&p.lm, None, &batch[r..r + 1], &params, &seeds[r..r + 1], &[], 0).unwrap();
+        assert_eq!(g.tokens, alone[0].tokens, "row {r}");
+        let lp = recomputed_logprobs(&p, &batch[r], &g.tokens, 1.0);
+        for (a, b) in lp.iter().zip(&g.logprobs) {
+            assert!((a - b).abs() < 1e-4, "row {r}: {a} vs {b}");
+        }
+    }
+    assert_ne!(together[0].tokens, together[2].tokens, "same prompt, different seeds");
+    // Resume one row after an observation.
+    let mut s = DecodeSession::new(&p.lm, 5, 0);
+    s.append(&batch).unwrap();
+    let mut rngs = vec![Rng::new(0); 5];
+    let first = s.generate(&[0, 1, 2, 3, 4], &vec![SamplingParams::greedy(3); 5], &mut rngs, None, &[]).unwrap();
+    s.append(&[vec![], vec![], vec![40, 41], vec![], vec![]]).unwrap();
+    let second = s.generate(&[2], &[SamplingParams::greedy(5)], &mut rngs[..1], None, &[]).unwrap();
+    let concat = [batch[2].clone(), first[2].tokens.clone(), vec![40, 41]].concat();
+    let fresh = generate(&p.lm, None, &[concat], &SamplingParams::greedy(5), &[0], &[], 0).unwrap();
+    assert_eq!(second[0].tokens, fresh[0].tokens);
+}

@@ -72,14 +72,28 @@ pub fn gold_passages(world: &Path, qs: &[&Question]) -> Result<Vec<Vec<String>>,
         .collect()
 }
 
-/// Training/evaluation tasks from a FlashRAG or Search-R1 jsonl file (detected per row), with
+/// Rows of a parquet file (Search-R1 / verl training data) as JSON values, nested lists and
+/// structs included.
+pub fn load_parquet(p: &Path) -> Result<Vec<serde_json::Value>, String> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    let reader = SerializedFileReader::new(f).map_err(|e| format!("{}: not a readable parquet file: {e}", p.display()))?;
+    let rows = reader.get_row_iter(None).map_err(|e| format!("{}: {e}", p.display()))?;
+    rows.enumerate()
+        .map(|(i, r)| r.map(|r| r.to_json_value()).map_err(|e| format!("{}: row {}: {e}", p.display(), i + 1)))
+        .collect()
+}
+
+/// Training/evaluation tasks from a FlashRAG or Search-R1 jsonl or parquet file (`.parquet`;
+/// the row kind is detected per row), with
 /// Search-R1's agent prompt (a Search-R1 row keeps its own prompt). Errors name `file:line`.
 pub fn jsonl_tasks(p: &Path) -> Result<Vec<Task>, String> {
-    let rows: Vec<serde_json::Value> = load_jsonl(p)?;
+    let parquet = p.extension().is_some_and(|e| e == "parquet");
+    let rows: Vec<serde_json::Value> = if parquet { load_parquet(p)? } else { load_jsonl(p)? };
     rows.iter()
         .enumerate()
         .map(|(i, r)| {
-            let at = || format!("{}:{}", p.display(), i + 1);
+            let at = || if parquet { format!("{}: row {}", p.display(), i + 1) } else { format!("{}:{}", p.display(), i + 1) };
             let strings = |v: &serde_json::Value| -> Option<Vec<String>> {
                 match v {
                     serde_json::Value::String(s) => Some(vec![s.clone()]),
@@ -141,5 +155,24 @@ mod tests {
         assert!(e.ends_with("d.jsonl:1: neither a FlashRAG row (`question`) nor a Search-R1 row (`prompt`)"), "{e}");
         std::fs::write(&f, "{\"question\":\"q\",\"golden_answers\":[1]}\n").unwrap();
         assert!(jsonl_tasks(&f).unwrap_err().contains("d.jsonl:1: `golden_answers` must be strings"));
+    }
+
+    #[test]
+    fn search_r1_parquet_rows_load_as_written_by_its_data_script() {
+        // Written by HF datasets' to_parquet with nq_search.py's row layout (snappy, nested
+        // list<struct> prompt, list<string> targets).
+        let f = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/search_r1_nq_sample.parquet");
+        let t = jsonl_tasks(&f).unwrap();
+        assert_eq!(t.len(), 3);
+        assert_eq!(t[0].golden, vec!["Wilhelm Conrad Röntgen"]);
+        assert!(t[1].agent.user.ends_with("Question: when is the next deadpool movie being released?\n"));
+        assert_eq!((t[2].id.as_str(), t[2].golden.len()), ("2", 2));
+        // Not parquet: the error names the file.
+        let dir = std::env::temp_dir().join(format!("knowrl-parquet-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("train.parquet");
+        std::fs::write(&bad, "{\"question\":\"q\"}\n").unwrap();
+        let e = jsonl_tasks(&bad).unwrap_err();
+        assert!(e.contains("train.parquet: not a readable parquet file"), "{e}");
     }
 }

@@ -170,14 +170,64 @@ pub fn agent_trajectories(
     prompt: impl Fn(&Question) -> Prompt,
     cfg: &AgentConfig,
 ) -> Result<Vec<Trajectory>> {
+    let prompts: Vec<Prompt> = questions.iter().map(|q| prompt(q)).collect();
+    prompt_trajectories(policy, retriever, &prompts, cfg)
+}
+
+/// The search agent's trajectories from any prompts, 64 at a time (row i seeded with i).
+pub fn prompt_trajectories(
+    policy: &Policy,
+    retriever: &dyn Retriever,
+    prompts: &[Prompt],
+    cfg: &AgentConfig,
+) -> Result<Vec<Trajectory>> {
     let tok = policy.tokenizer()?;
     let mut out = vec![];
-    for chunk in questions.chunks(64) {
-        let ids: Vec<Vec<u32>> = chunk.iter().map(|q| prompt(q).ids(tok)).collect::<Result<_>>()?;
+    for chunk in prompts.chunks(64) {
+        let ids: Vec<Vec<u32>> = chunk.iter().map(|p| p.ids(tok)).collect::<Result<_>>()?;
         let mut rngs: Vec<Rng> = (0..ids.len()).map(|i| Rng::new(i as u64)).collect();
         out.extend(rollout(&policy.lm, tok, &ids, retriever, cfg, &mut rngs)?);
     }
     Ok(out)
+}
+
+/// A real-data agent suite's figures (no oracle boundary: real questions do not have one).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OpenAgentReport {
+    pub n: usize,
+    pub em: f64,
+    pub f1: f64,
+    pub sub_em: f64,
+    /// Tool calls per question.
+    pub tc: f64,
+    /// EM points per tool call (AKBE); NaN without tool calls.
+    pub tp: f64,
+    /// Share of questions with an `<answer>`.
+    pub answered: f64,
+    /// Recall of the supporting passages among everything retrieved for the agent's queries.
+    pub support_recall: f64,
+}
+
+/// Scores trajectories against gold answers and supporting passage ids.
+pub fn score_open_agent(golds: &[Vec<String>], support: &[Vec<String>], trajs: &[Trajectory]) -> OpenAgentReport {
+    use knowrl_rl::reward::{f1, sub_exact_match};
+    let n = golds.len().max(1) as f64;
+    let ans = |t: &Trajectory| t.answer.clone().unwrap_or_default();
+    let mean = |f: &dyn Fn(&Vec<String>, &Trajectory) -> f64| {
+        golds.iter().zip(trajs).map(|(g, t)| f(g, t)).sum::<f64>() / n
+    };
+    let em = mean(&|g, t| exact_match(&ans(t), g) as u8 as f64);
+    let tc = mean(&|_, t| t.tool_calls() as f64);
+    OpenAgentReport {
+        n: golds.len(),
+        em,
+        f1: mean(&|g, t| f1(&ans(t), g)),
+        sub_em: mean(&|g, t| sub_exact_match(&ans(t), g) as u8 as f64),
+        tc,
+        tp: if tc > 0.0 { 100.0 * em / tc } else { f64::NAN },
+        answered: mean(&|_, t| t.answer.is_some() as u8 as f64),
+        support_recall: issued_query_recall(support, trajs),
+    }
 }
 
 /// Scores trajectories (one per question) as the agent suite does.
@@ -246,6 +296,30 @@ mod tests {
         // Question 1 found e1 (not e2) over two searches; question 2 never searched.
         let r = issued_query_recall(&gold, &[t(&[&["e9", "e1"], &["e1", "e7"]]), t(&[])]);
         assert!((r - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn open_agent_metrics_hand_computed() {
+        let t = |answer: Option<&str>, ids: &[&[&str]]| Trajectory {
+            answer: answer.map(String::from),
+            retrieved_ids: ids.iter().map(|v| v.iter().map(|s| s.to_string()).collect()).collect(),
+            queries: ids.iter().map(|_| "q".to_string()).collect(),
+            ..Default::default()
+        };
+        let golds = vec![vec!["Chief of Protocol".to_string()], vec!["Paris".to_string()]];
+        let support = vec![vec!["p1".to_string(), "p2".to_string()], vec!["p3".to_string()]];
+        // Q1: right answer after 2 searches that found p1 of {p1, p2}; Q2: "the city of Paris"
+        // with no search: sub-EM only; normalised tokens {city, of, paris} vs {paris}: precision
+        // 1/3, recall 1, F1 = 0.5.
+        let trajs = [t(Some("chief of protocol"), &[&["p9", "p1"], &["p1"]]), t(Some("the city of Paris"), &[])];
+        let r = score_open_agent(&golds, &support, &trajs);
+        assert_eq!(r.em, 0.5);
+        assert_eq!(r.sub_em, 1.0);
+        assert_eq!(r.tc, 1.0);
+        assert!((r.tp - 50.0).abs() < 1e-12);
+        assert!((r.f1 - (1.0 + 0.5) / 2.0).abs() < 1e-12, "{}", r.f1);
+        assert!((r.support_recall - 0.25).abs() < 1e-12);
+        assert_eq!(r.answered, 1.0);
     }
 
     #[test]

@@ -99,8 +99,8 @@ pub struct DataSection {
     #[serde(default = "default_scenarios")]
     pub scenarios: Vec<String>,
     /// `suite = "jsonl"`: a FlashRAG (`{"id","question","golden_answers"}`) or Search-R1
-    /// (`{"prompt":[…], "reward_model":{"ground_truth":{"target":[…]}}}`) jsonl file. Search-R1's
-    /// parquet files convert with `pandas.read_parquet(f).to_json(out, orient="records", lines=True)`.
+    /// (`{"prompt":[…], "reward_model":{"ground_truth":{"target":[…]}}}`) file, jsonl or parquet
+    /// (by extension: Search-R1's `train.parquet` / `test.parquet` load as they are).
     #[serde(default)]
     pub path: Option<PathBuf>,
     /// `suite = "jsonl"`: an index directory from `knowrl index build` (BM25 / dense / hybrid);

@@ -194,18 +194,17 @@ pub fn train(
             rng = serde_json::from_value(state["rng"].clone())
                 .map_err(|e| knowrl_engine::EngineError::Invalid(format!("{}: trainer state: {e}", dir.display())))?;
             start = step;
-            // Drop metrics of steps after the checkpoint: they will be run again.
-            if let Ok(text) = std::fs::read_to_string(&metrics_path) {
-                let kept: String = text
-                    .lines()
-                    .filter(|l| serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step < start))
-                    .map(|l| format!("{l}\n"))
-                    .collect();
-                knowrl_engine::fsutil::write_atomic(&metrics_path, kept.as_bytes())?;
+            // Drop rows of steps after the checkpoint: they will be run again. metrics.jsonl
+            // rows carry the 0-based step index; eval.jsonl rows the steps completed.
+            trim_jsonl(&metrics_path, |step| step < start)?;
+            trim_jsonl(&out.join("eval.jsonl"), |done| done <= start)?;
+        }
+    } else {
+        for f in [metrics_path.clone(), out.join("eval.jsonl")] {
+            if f.exists() {
+                std::fs::remove_file(&f).map_err(|e| knowrl_engine::EngineError::io(&f, e))?;
             }
         }
-    } else if metrics_path.exists() {
-        std::fs::remove_file(&metrics_path).map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
     }
     let mut akbe_signals = crate::akbe::OfflineSignals::default();
     let mut bridge_state = crate::bridge::BridgeState::new();
@@ -279,4 +278,20 @@ pub fn train(
         }
     }
     Ok(all)
+}
+
+/// Keeps the rows of a JSONL log whose `step` passes `keep` (rewritten atomically; a missing
+/// file is fine, unparsable rows are dropped).
+fn trim_jsonl(path: &std::path::Path, keep: impl Fn(u64) -> bool) -> knowrl_engine::Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v["step"].as_u64()).is_some_and(&keep)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    knowrl_engine::fsutil::write_atomic(path, kept.as_bytes())
 }

@@ -37,6 +37,9 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
         &|_| {},
     )
     .unwrap();
+    // The interrupted run had also logged evaluations after steps 1 and 2 (step 2 never reached
+    // a checkpoint): the resumed run must drop the step-2 row, it will be evaluated again.
+    std::fs::write(base.join("b/eval.jsonl"), "{\"step\":1,\"em\":0.1}\n{\"step\":2,\"em\":0.2}\n").unwrap();
     let b2 = load();
     let mb = train(
         &TrainEnv { policy: &b2, reference: None, retriever: &r, dense: None },
@@ -58,4 +61,5 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     assert!(moved || ma.iter().all(|m| m.grad_norm == 0.0), "no update although gradients were non-zero");
     let metrics = std::fs::read_to_string(base.join("b/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 2);
+    assert_eq!(std::fs::read_to_string(base.join("b/eval.jsonl")).unwrap(), "{\"step\":1,\"em\":0.1}\n");
 }

@@ -119,3 +119,32 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
     }
     out
 }
+
+/// Reading practice from a *shadow* world (same config, another seed): every name and fact is
+/// new to the policy, so the only way to answer is to read the context or the search results —
+/// copying, not recall. `contexts` S1/S2/S5 items and `agent` search trajectories, drawn at random
+/// from all of its splits (none of its questions exist in the real world).
+pub fn reading_examples(shadow: &Built, contexts: usize, agent: usize, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x05AD_0111);
+    let mut items: Vec<_> =
+        shadow.scenarios.iter().filter(|s| matches!(s.scenario.as_str(), "S1" | "S2" | "S5")).collect();
+    let mut questions: Vec<&Question> = shadow.questions.iter().collect();
+    for i in (1..items.len()).rev() {
+        items.swap(i, rng.below(i + 1));
+    }
+    for i in (1..questions.len()).rev() {
+        questions.swap(i, rng.below(i + 1));
+    }
+    let mut out = vec![];
+    for s in items.into_iter().filter(|s| s.context_answer.is_some()).take(contexts) {
+        let a = s.context_answer.clone().unwrap();
+        out.push(Example {
+            user: Some(prompts::with_context(&s.question, &s.context)),
+            segments: vec![(prompts::answer(&a), true)],
+        });
+    }
+    for q in questions.into_iter().take(agent) {
+        out.push(Example { user: Some(prompts::agent(&q.question)), segments: agent_trajectory(shadow, q, &mut rng) });
+    }
+    out
+}

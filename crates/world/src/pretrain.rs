@@ -7,7 +7,7 @@
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
-use crate::habits::{examples, Example};
+use crate::habits::{examples, reading_examples, Example};
 use crate::prompts::CHAT_TEMPLATE;
 use crate::questions::Split;
 use crate::Built;
@@ -45,6 +45,18 @@ pub struct PretrainConfig {
     /// long; all ~3000 of them took 2/3 of an epoch's compute).
     #[serde(default = "default_context_examples")]
     pub context_examples: usize,
+    /// Shadow worlds (same world config, other seeds) whose passages teach reading: each epoch
+    /// uses one of them in turn, so names never repeat often enough to be memorised. Without
+    /// them the policy memorised its ~1500 context items instead of learning to copy (S1 EM on
+    /// non-PK questions ~0.2).
+    #[serde(default)]
+    pub shadow_worlds: usize,
+    /// Context-reading items (S1/S2/S5) per epoch from the epoch's shadow world.
+    #[serde(default)]
+    pub shadow_contexts: usize,
+    /// Search-agent trajectories per epoch from the epoch's shadow world.
+    #[serde(default)]
+    pub shadow_agent: usize,
 }
 
 fn default_fact_repeats() -> usize {
@@ -72,6 +84,9 @@ impl Default for PretrainConfig {
             encoder_epochs: 8,
             fact_repeats: 3,
             context_examples: 1500,
+            shadow_worlds: 8,
+            shadow_contexts: 1000,
+            shadow_agent: 600,
         }
     }
 }
@@ -173,13 +188,31 @@ pub fn train_policy(
     let vocab = tok.vocab_size();
     let mcfg = DecoderConfig::from_value(&dir.join("config.json"), policy_config(cfg, vocab))?;
     let policy = Policy::random(&mcfg, &LoadOptions::default(), cfg.seed as i64);
-    let data: Vec<(Vec<u32>, Vec<u32>, Vec<bool>)> =
+    let mut data: Vec<(Vec<u32>, Vec<u32>, Vec<bool>)> =
         examples(built, cfg).iter().map(|e| encode(&tok, e)).collect::<Result<_, _>>()?;
+    let base: Vec<usize> = (0..data.len()).collect();
+    // Epoch e trains on the base examples plus shadow world e mod shadow_worlds.
+    let mut shadows: Vec<Vec<usize>> = vec![];
+    for k in 0..cfg.shadow_worlds {
+        let wcfg = crate::WorldConfig { seed: shadow_seed(built.config.seed, k), ..built.config.clone() };
+        let shadow = crate::build(&wcfg);
+        let start = data.len();
+        for e in reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, cfg.seed + k as u64) {
+            data.push(encode(&tok, &e)?);
+        }
+        shadows.push((start..data.len()).collect());
+    }
     let lens: Vec<usize> = data.iter().map(|d| d.0.len() + d.1.len()).collect();
     let last = fit(
         policy.trainable_parameters(),
         Fit { epochs: cfg.epochs, lr: cfg.lr, seed: cfg.seed },
-        |rng| length_buckets(&lens, cfg.batch, rng),
+        |epoch, rng| {
+            let mut items = base.clone();
+            if !shadows.is_empty() {
+                items.extend(&shadows[epoch % shadows.len()]);
+            }
+            length_buckets(&items, &lens, cfg.batch, rng)
+        },
         |chunk| {
             let reqs: Vec<ScoreRequest> = chunk
                 .iter()
@@ -204,6 +237,11 @@ pub fn train_policy(
     Ok(last)
 }
 
+/// The seed of shadow world `k`: far from any seed a user would pick for the real world.
+pub fn shadow_seed(world_seed: u64, k: usize) -> u64 {
+    world_seed.wrapping_mul(0x9E37_79B9).wrapping_add(0x5AD0_0000 + k as u64)
+}
+
 struct Fit {
     epochs: usize,
     lr: f64,
@@ -216,7 +254,7 @@ struct Fit {
 fn fit(
     params: Vec<(String, tch::Tensor)>,
     f: Fit,
-    mut batches: impl FnMut(&mut Rng) -> Vec<Vec<usize>>,
+    mut batches: impl FnMut(usize, &mut Rng) -> Vec<Vec<usize>>,
     loss: impl Fn(&[usize]) -> knowrl_engine::Result<tch::Tensor>,
     progress: &dyn Fn(usize, usize, usize, f64),
 ) -> knowrl_engine::Result<f64> {
@@ -225,7 +263,7 @@ fn fit(
     let (mut step, mut last) = (0u64, 0.0);
     let mut sched = None;
     for epoch in 0..f.epochs {
-        let bs = batches(&mut rng);
+        let bs = batches(epoch, &mut rng);
         let total = (bs.len() * f.epochs) as u64;
         let sched =
             *sched.get_or_insert(LrSchedule::Cosine { lr: f.lr, warmup: (total / 20).max(1), total, min_ratio: 0.05 });
@@ -246,10 +284,10 @@ fn fit(
     Ok(last)
 }
 
-/// Batches of similar lengths (less padding): shuffle, sort windows of 50 batches by length,
-/// cut into batches, shuffle the batches.
-fn length_buckets(lens: &[usize], batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..lens.len()).collect();
+/// Batches of `items` with similar lengths (less padding): shuffle, sort windows of 50 batches
+/// by length, cut into batches, shuffle the batches.
+fn length_buckets(items: &[usize], lens: &[usize], batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
+    let mut order = items.to_vec();
     for i in (1..order.len()).rev() {
         order.swap(i, rng.below(i + 1));
     }
@@ -304,7 +342,7 @@ pub fn train_encoder(
     let last = fit(
         enc.vs.variables().into_iter().collect(),
         Fit { epochs: cfg.encoder_epochs, lr: 1e-3, seed: cfg.seed ^ 0xE },
-        |rng| {
+        |_, rng| {
             let mut order: Vec<usize> = (0..pairs.len()).collect();
             for i in (1..order.len()).rev() {
                 order.swap(i, rng.below(i + 1));

@@ -93,6 +93,33 @@ impl Default for KvCache {
     }
 }
 
+/// Keys and values of prompt prefixes, per layer [U, n_kv, P, head_dim] (post-RoPE), recorded by
+/// [`DecoderLm::forward_prefix`] with autograd intact, so rows that share a prompt can attend to
+/// one computation of it (training on G samples of a prompt runs the prompt once, not G times).
+pub struct PrefixKv {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+/// What one attention layer does with its keys and values.
+enum LayerKv<'a> {
+    None,
+    /// Write them into the cache buffers at `pos`, attend to everything cached.
+    Cache(&'a mut Tensor, &'a mut Tensor, i64),
+    /// Keep them (for a prefix).
+    Record(&'a mut Vec<Tensor>, &'a mut Vec<Tensor>),
+    /// Attend to these prefix keys/values (already one row per batch row) before our own.
+    Prefix(&'a Tensor, &'a Tensor),
+}
+
+/// What the whole stack does with keys and values (one [`LayerKv`] per layer).
+enum ModelKv<'a> {
+    None,
+    Cache(&'a mut KvCache, i64),
+    Record(&'a mut PrefixKv),
+    Prefix(&'a [Tensor], &'a [Tensor]),
+}
+
 /// rotate_half(x) = [-x2, x1]: transformers' (non-interleaved) RoPE convention.
 fn rotate_half(x: &Tensor) -> Tensor {
     let half = x.size()[x.dim() - 1] / 2;
@@ -168,7 +195,7 @@ impl Attention {
         cos: &Tensor,
         sin: &Tensor,
         mask: &Tensor,
-        cache: Option<(&mut Tensor, &mut Tensor, i64)>,
+        kv: LayerKv,
         mode: Mode,
     ) -> Tensor {
         let (b, t, _) = x.size3().unwrap();
@@ -189,13 +216,19 @@ impl Attention {
         // shapes, so on CPU attention (and the cache) runs in f32; the projections stay bf16.
         let attn_kind = attention_kind(x);
         let (q, k, v) = (q.to_kind(attn_kind), k.to_kind(attn_kind), v.to_kind(attn_kind));
-        let (k, v) = match cache {
-            Some((ck, cv, pos)) => {
+        let (k, v) = match kv {
+            LayerKv::Cache(ck, cv, pos) => {
                 ck.narrow(2, pos, t).copy_(&k);
                 cv.narrow(2, pos, t).copy_(&v);
                 (ck.narrow(2, 0, pos + t), cv.narrow(2, 0, pos + t))
             }
-            None => (k, v),
+            LayerKv::Record(rk, rv) => {
+                rk.push(k.shallow_clone());
+                rv.push(v.shallow_clone());
+                (k, v)
+            }
+            LayerKv::Prefix(pk, pv) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
+            LayerKv::None => (k, v),
         };
         let y = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true);
         let y = y.transpose(1, 2).reshape([b, t, self.n_heads * self.head_dim]).to_kind(x.kind());
@@ -268,9 +301,6 @@ impl DecoderLm {
     /// Final hidden states [B, T, D] for `ids` [B, T] at `positions` [B, T] (RoPE positions,
     /// i.e. the count of real tokens before each one). `mask` [B, 1, T, T_keys] is true where a
     /// query may attend to a key; with a cache, keys are all cached positions plus these T.
-    // `x += h` on a tch Tensor is in place and would overwrite a tensor autograd saved for
-    // the backward pass; the residual adds must allocate.
-    #[allow(clippy::assign_op_pattern)]
     pub fn forward_hidden(
         &self,
         ids: &Tensor,
@@ -279,30 +309,69 @@ impl DecoderLm {
         mut cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Tensor {
+        let pos = cache.as_ref().map_or(0, |c| c.len);
+        if let Some(c) = cache.as_deref_mut() {
+            let (b, t) = ids.size2().unwrap();
+            let like = Tensor::empty(
+                [b, self.cfg.num_kv_heads, 1, self.cfg.head_dim],
+                (attention_kind(&self.embed_tokens), self.device()),
+            );
+            c.reserve(t, &like, self.layers.len());
+        }
+        let h = match cache.as_deref_mut() {
+            Some(c) => self.run_layers(ids, positions, mask, mode, ModelKv::Cache(c, pos)),
+            None => self.run_layers(ids, positions, mask, mode, ModelKv::None),
+        };
+        if let Some(c) = cache {
+            c.len += ids.size()[1];
+        }
+        h
+    }
+
+    /// Runs prompt prefixes `ids` [U, P] (right-padded, `mask` [U, 1, P, P]) and returns their
+    /// keys and values; gradients flow back through them.
+    pub fn forward_prefix(&self, ids: &Tensor, positions: &Tensor, mask: &Tensor, mode: Mode) -> PrefixKv {
+        let mut prefix = PrefixKv { k: vec![], v: vec![] };
+        let _ = self.run_layers(ids, positions, mask, mode, ModelKv::Record(&mut prefix));
+        prefix
+    }
+
+    /// Hidden states [B, T, D] of continuations `ids` [B, T]: row r attends to prefix row
+    /// `rows[r]` and then causally to its own tokens; `mask` [B, 1, T, P + T] covers both.
+    pub fn forward_after_prefix(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        prefix: &PrefixKv,
+        rows: &Tensor,
+        mode: Mode,
+    ) -> Tensor {
+        let k: Vec<Tensor> = prefix.k.iter().map(|t| t.index_select(0, rows)).collect();
+        let v: Vec<Tensor> = prefix.v.iter().map(|t| t.index_select(0, rows)).collect();
+        self.run_layers(ids, positions, mask, mode, ModelKv::Prefix(&k, &v))
+    }
+
+    // `x += h` on a tch Tensor is in place and would overwrite a tensor autograd saved for
+    // the backward pass; the residual adds must allocate.
+    #[allow(clippy::assign_op_pattern)]
+    fn run_layers(&self, ids: &Tensor, positions: &Tensor, mask: &Tensor, mode: Mode, mut kv: ModelKv) -> Tensor {
         let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq;
         let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
         let (cos, sin) = (emb.cos().to_kind(x.kind()), emb.sin().to_kind(x.kind()));
-        let pos = cache.as_ref().map_or(0, |c| c.len);
-        if let Some(c) = cache.as_deref_mut() {
-            let (b, t) = ids.size2().unwrap();
-            let like =
-                Tensor::empty([b, self.cfg.num_kv_heads, 1, self.cfg.head_dim], (attention_kind(&x), x.device()));
-            c.reserve(t, &like, self.layers.len());
-        }
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_layernorm.forward(&x);
-            let kv = cache.as_deref_mut().map(|c| {
-                let (k, v) = (&mut c.k[i], &mut c.v[i]);
-                (k, v, pos)
-            });
-            let h = layer.self_attn.forward(&h, &cos, &sin, mask, kv, mode);
+            let layer_kv = match &mut kv {
+                ModelKv::None => LayerKv::None,
+                ModelKv::Cache(c, pos) => LayerKv::Cache(&mut c.k[i], &mut c.v[i], *pos),
+                ModelKv::Record(p) => LayerKv::Record(&mut p.k, &mut p.v),
+                ModelKv::Prefix(k, v) => LayerKv::Prefix(&k[i], &v[i]),
+            };
+            let h = layer.self_attn.forward(&h, &cos, &sin, mask, layer_kv, mode);
             x = x + h;
             let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x), mode);
             x = x + h;
-        }
-        if let Some(c) = cache {
-            c.len += ids.size()[1];
         }
         self.norm.forward(&x)
     }
