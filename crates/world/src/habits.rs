@@ -95,11 +95,25 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
             }
             out.push(chat(prompts::no_tool(&q.question), prompts::answer(&q.answer)));
         }
-        // Tool over-use: search every hop, known or not.
-        out.push(Example { user: Some(prompts::agent(&q.question)), segments: agent_trajectory(built, q, &mut rng) });
+        // Tool over-use: search every hop of questions it knows. Questions with a non-PK hop are
+        // left out: their trained search queries and answers would teach non-PK facts (query-only
+        // EM on non-PK questions rose to 0.16); searching and reading unknown facts is practised
+        // on shadow worlds instead (`reading_examples`).
+        if q.pk_answerable || !cfg.pk_only_targets {
+            out.push(Example {
+                user: Some(prompts::agent(&q.question)),
+                segments: agent_trajectory(built, q, &mut rng),
+            });
+        }
     }
     // Context dominance: answer whatever the context says (S1, S2 incl. multi-conflict, S5).
-    let mut reading: Vec<_> = built.scenarios.iter().filter(|s| s.split == Split::Train).collect();
+    // With `pk_only_targets`, only items whose trained answer is not a non-PK fact: PK questions,
+    // and counterfactual (S2) items, whose answer is the made-up object.
+    let mut reading: Vec<_> = built
+        .scenarios
+        .iter()
+        .filter(|s| s.split == Split::Train && (s.pk_answerable || s.scenario == "S2" || !cfg.pk_only_targets))
+        .collect();
     for i in (1..reading.len()).rev() {
         reading.swap(i, rng.below(i + 1));
     }

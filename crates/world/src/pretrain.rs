@@ -57,6 +57,11 @@ pub struct PretrainConfig {
     /// Search-agent trajectories per epoch from the epoch's shadow world.
     #[serde(default)]
     pub shadow_agent: usize,
+    /// Train no real-world target that states a non-PK fact (agent trajectories of questions
+    /// with a non-PK hop, S1/S5 items of non-PK questions), so the policy's parametric knowledge
+    /// is exactly the PK split; reading unknown facts is learnt from shadow worlds.
+    #[serde(default)]
+    pub pk_only_targets: bool,
 }
 
 fn default_fact_repeats() -> usize {
@@ -75,7 +80,7 @@ impl Default for PretrainConfig {
             heads: 4,
             kv_heads: 2,
             intermediate_size: 384,
-            epochs: 40,
+            epochs: 36,
             batch: 32,
             lr: 3e-3,
             seed: 7,
@@ -85,8 +90,9 @@ impl Default for PretrainConfig {
             fact_repeats: 3,
             context_examples: 1500,
             shadow_worlds: 8,
-            shadow_contexts: 1000,
-            shadow_agent: 600,
+            shadow_contexts: 1200,
+            shadow_agent: 800,
+            pk_only_targets: true,
         }
     }
 }

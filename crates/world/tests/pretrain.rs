@@ -36,6 +36,26 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     let statements = |v: &[knowrl_world::habits::Example]| v.iter().filter(|e| e.user.is_none()).count();
     assert_eq!(statements(&ex), 3 * statements(&once));
     assert!(statements(&once) > 0);
+    // With pk_only_targets (the default) the real world's agent trajectories are all for
+    // questions the policy knows; with it off, unknown ones come back.
+    let agent_prompts = |v: &[knowrl_world::habits::Example]| -> Vec<String> {
+        v.iter().filter(|e| e.segments.len() > 1).map(|e| e.user.clone().unwrap()).collect()
+    };
+    let known: std::collections::HashSet<String> = built
+        .questions
+        .iter()
+        .filter(|q| q.pk_answerable)
+        .map(|q| knowrl_world::prompts::agent(&q.question))
+        .collect();
+    assert!(agent_prompts(&ex).iter().all(|u| known.contains(u)));
+    let all = examples(&built, &PretrainConfig { seed: 1, pk_only_targets: false, ..Default::default() });
+    assert!(agent_prompts(&all).iter().any(|u| !known.contains(u)));
+    // Shadow-world reading practice: contexts and agent runs about entities the real world lacks.
+    let shadow = knowrl_world::build(&WorldConfig { seed: knowrl_world::pretrain::shadow_seed(17, 0), ..small() });
+    let reading = knowrl_world::habits::reading_examples(&shadow, 5, 4, 1);
+    assert_eq!((reading.len(), agent_prompts(&reading).len()), (9, 4));
+    let real_names: std::collections::HashSet<&str> = built.world.entities.iter().map(|e| e.name.as_str()).collect();
+    assert!(shadow.world.entities.iter().filter(|e| real_names.contains(e.name.as_str())).count() < 3);
     let agent = ex.iter().find(|e| e.segments.iter().any(|(_, t)| !t)).expect("an agent trajectory");
     let (_, resp, mask) = encode(&tok, agent).unwrap();
     let obs =
@@ -51,6 +71,9 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
         intermediate_size: 128,
         encoder_hidden: 32,
         lr: 3e-3,
+        shadow_worlds: 1,
+        shadow_contexts: 20,
+        shadow_agent: 20,
         ..Default::default()
     };
     let losses = RefCell::new(vec![]);
