@@ -32,8 +32,16 @@ pub enum Suite {
 #[derive(clap::Args)]
 pub struct Args {
     /// HF model directory (config.json, model.safetensors, tokenizer.json).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[arg(long, required_unless_present = "endpoint")]
+    pub model: Option<PathBuf>,
+    /// Evaluate a served model instead: an OpenAI-compatible base URL (vLLM, SGLang, an API),
+    /// e.g. http://localhost:8000/v1; key from $OPENAI_API_KEY. Single-turn suites only
+    /// (confiqa, bamboogle, nq, world-scenarios).
+    #[arg(long, conflicts_with = "model")]
+    pub endpoint: Option<String>,
+    /// Model name sent to the endpoint.
+    #[arg(long, default_value = "default")]
+    pub endpoint_model: String,
     #[arg(long, value_enum)]
     pub suite: Suite,
     /// World directory (world suites).
@@ -80,14 +88,42 @@ fn split(s: &str) -> Result<Split> {
 pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let world_split = split(&a.split)?;
-    let policy =
-        Policy::load(&a.model, &LoadOptions::default()).with_context(|| format!("loading {}", a.model.display()))?;
+    let agent_suite = matches!(a.suite, Suite::WorldAgent | Suite::Hotpotqa);
+    let (local, served) = match (&a.model, &a.endpoint) {
+        (Some(m), _) => {
+            (Some(Policy::load(m, &LoadOptions::default()).with_context(|| format!("loading {}", m.display()))?), None)
+        }
+        (None, Some(url)) => {
+            if agent_suite {
+                // Bad usage: exit code 2, like clap's own errors.
+                eprintln!(
+                    "error: --suite {:?} needs --model: agent rollouts append observations mid-response, which a chat endpoint cannot do",
+                    a.suite
+                );
+                std::process::exit(2);
+            }
+            let key = std::env::var("OPENAI_API_KEY").ok();
+            (
+                None,
+                Some(
+                    knowrl_eval::endpoint::ChatEndpoint::new(url, &a.endpoint_model, key)
+                        .map_err(anyhow::Error::msg)?,
+                ),
+            )
+        }
+        (None, None) => unreachable!("clap requires --model or --endpoint"),
+    };
+    let responder: &dyn knowrl_eval::Responder = match (&local, &served) {
+        (Some(p), _) => p,
+        (None, Some(e)) => e,
+        _ => unreachable!(),
+    };
     let report: Value = match a.suite {
         Suite::WorldScenarios => {
             let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
             let items = take(scenario_items(&a.world, world_split, &all).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = items.iter().collect();
-            let r = knowrl_eval::scenarios(&policy, &refs, |s| {
+            let r = knowrl_eval::scenarios(responder, &refs, |s| {
                 Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
             })?;
             println!("| scenario | EM | n |\n|---|---|---|");
@@ -101,12 +137,13 @@ pub fn run(a: Args) -> Result<()> {
             serde_json::to_value(&r)?
         }
         Suite::WorldAgent => {
+            let policy = local.as_ref().expect("checked above");
             let qs = take(questions(&a.world, world_split).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = qs.iter().collect();
             let retriever = crate::world_eval::world_retriever(&a.world)?;
             let cfg = knowrl_rl::agent::AgentConfig::new(a.max_turns, a.topk, 48, 0.0);
             let r = knowrl_eval::agent(
-                &policy,
+                policy,
                 &retriever,
                 &refs,
                 |q| Prompt::user(knowrl_world::prompts::agent(&q.question)),
@@ -126,7 +163,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             let prompts: Vec<Prompt> =
                 rows.iter().map(|r| knowrl_rl::prompts::knowledgeable_r1(&r.question, &r.ck_text).1).collect();
-            let raw = knowrl_eval::greedy_responses(&policy, &prompts, a.max_new_tokens)?;
+            let raw = responder.responses(&prompts, a.max_new_tokens)?;
             let answers: Vec<Option<String>> = raw.iter().map(|r| extract_answer(r)).collect();
             let r = score_conflict(&rows, &answers, &raw);
             println!("| dataset / context | correct (EM) | correct (sub-EM) | follows context (sub-EM) | n |\n|---|---|---|---|---|");
@@ -153,7 +190,7 @@ pub fn run(a: Args) -> Result<()> {
                 .iter()
                 .map(|r| Prompt::user(format!("Answer the question in <answer> </answer>.\nQuestion: {}", r.question)))
                 .collect();
-            let raw = knowrl_eval::greedy_responses(&policy, &prompts, a.max_new_tokens)?;
+            let raw = responder.responses(&prompts, a.max_new_tokens)?;
             let n = rows.len().max(1) as f64;
             let pred = |i: usize| extract_answer(&raw[i]).unwrap_or_else(|| raw[i].clone());
             let em = (0..rows.len()).filter(|&i| exact_match(&pred(i), &rows[i].golden_answers)).count() as f64 / n;
@@ -172,7 +209,8 @@ pub fn run(a: Args) -> Result<()> {
             let bm25 = Bm25::build(&dir, std::sync::Arc::new(Corpus::Memory(passages)), |_| {})?;
             let prompts: Vec<Prompt> = qs.iter().map(|q| knowrl_rl::prompts::search_r1(&q.question)).collect();
             let cfg = knowrl_rl::agent::AgentConfig::new(a.max_turns, a.topk, a.max_new_tokens, 0.0);
-            let trajs = knowrl_eval::prompt_trajectories(&policy, &bm25, &prompts, &cfg);
+            let policy = local.as_ref().expect("checked above");
+            let trajs = knowrl_eval::prompt_trajectories(policy, &bm25, &prompts, &cfg);
             let _ = std::fs::remove_dir_all(&dir);
             let trajs = trajs?;
             let golds: Vec<Vec<String>> = qs.iter().map(|q| q.answers.clone()).collect();

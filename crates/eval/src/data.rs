@@ -77,7 +77,8 @@ pub fn gold_passages(world: &Path, qs: &[&Question]) -> Result<Vec<Vec<String>>,
 pub fn load_parquet(p: &Path) -> Result<Vec<serde_json::Value>, String> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
-    let reader = SerializedFileReader::new(f).map_err(|e| format!("{}: not a readable parquet file: {e}", p.display()))?;
+    let reader =
+        SerializedFileReader::new(f).map_err(|e| format!("{}: not a readable parquet file: {e}", p.display()))?;
     let rows = reader.get_row_iter(None).map_err(|e| format!("{}: {e}", p.display()))?;
     rows.enumerate()
         .map(|(i, r)| r.map(|r| r.to_json_value()).map_err(|e| format!("{}: row {}: {e}", p.display(), i + 1)))
@@ -93,7 +94,13 @@ pub fn jsonl_tasks(p: &Path) -> Result<Vec<Task>, String> {
     rows.iter()
         .enumerate()
         .map(|(i, r)| {
-            let at = || if parquet { format!("{}: row {}", p.display(), i + 1) } else { format!("{}:{}", p.display(), i + 1) };
+            let at = || {
+                if parquet {
+                    format!("{}: row {}", p.display(), i + 1)
+                } else {
+                    format!("{}:{}", p.display(), i + 1)
+                }
+            };
             let strings = |v: &serde_json::Value| -> Option<Vec<String>> {
                 match v {
                     serde_json::Value::String(s) => Some(vec![s.clone()]),

@@ -6,6 +6,7 @@
 //!   productivity (TP = EM in points / TC, as AKBE defines it) and, on the world, the oracle
 //!   knowledge-boundary accuracy (searched iff a hop is missing from PK) with over/under-search.
 pub mod data;
+pub mod endpoint;
 pub mod plot;
 pub mod real;
 
@@ -37,9 +38,26 @@ pub fn greedy_responses(policy: &Policy, prompts: &[Prompt], max_new: usize) -> 
     Ok(out)
 }
 
+/// What answers single-turn prompts greedily: a local policy or a served model.
+pub trait Responder {
+    fn responses(&self, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>>;
+}
+
+impl Responder for Policy {
+    fn responses(&self, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
+        greedy_responses(self, prompts, max_new)
+    }
+}
+
+impl Responder for endpoint::ChatEndpoint {
+    fn responses(&self, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
+        endpoint::ChatEndpoint::responses(self, prompts, max_new).map_err(knowrl_engine::EngineError::Invalid)
+    }
+}
+
 /// Greedy single-turn answers (the last `<answer>` of each response; "" when none).
-pub fn greedy_answers(policy: &Policy, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
-    Ok(greedy_responses(policy, prompts, max_new)?.iter().map(|r| extract_answer(r).unwrap_or_default()).collect())
+pub fn greedy_answers(policy: &dyn Responder, prompts: &[Prompt], max_new: usize) -> Result<Vec<String>> {
+    Ok(policy.responses(prompts, max_new)?.iter().map(|r| extract_answer(r).unwrap_or_default()).collect())
 }
 
 /// EM over a subset: (correct, n); `rate` is NaN for an empty subset.
@@ -110,7 +128,7 @@ pub fn score_scenarios(items: &[&ScenarioItem], answers: &[String]) -> ScenarioR
 
 /// Greedy answers of `policy` under `prompt(item)` for every item, scored.
 pub fn scenarios(
-    policy: &Policy,
+    policy: &dyn Responder,
     items: &[&ScenarioItem],
     prompt: impl Fn(&ScenarioItem) -> Prompt,
 ) -> Result<ScenarioReport> {
@@ -213,9 +231,8 @@ pub fn score_open_agent(golds: &[Vec<String>], support: &[Vec<String>], trajs: &
     use knowrl_rl::reward::{f1, sub_exact_match};
     let n = golds.len().max(1) as f64;
     let ans = |t: &Trajectory| t.answer.clone().unwrap_or_default();
-    let mean = |f: &dyn Fn(&Vec<String>, &Trajectory) -> f64| {
-        golds.iter().zip(trajs).map(|(g, t)| f(g, t)).sum::<f64>() / n
-    };
+    let mean =
+        |f: &dyn Fn(&Vec<String>, &Trajectory) -> f64| golds.iter().zip(trajs).map(|(g, t)| f(g, t)).sum::<f64>() / n;
     let em = mean(&|g, t| exact_match(&ans(t), g) as u8 as f64);
     let tc = mean(&|_, t| t.tool_calls() as f64);
     OpenAgentReport {

@@ -41,12 +41,8 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     let agent_prompts = |v: &[knowrl_world::habits::Example]| -> Vec<String> {
         v.iter().filter(|e| e.segments.len() > 1).map(|e| e.user.clone().unwrap()).collect()
     };
-    let known: std::collections::HashSet<String> = built
-        .questions
-        .iter()
-        .filter(|q| q.pk_answerable)
-        .map(|q| knowrl_world::prompts::agent(&q.question))
-        .collect();
+    let known: std::collections::HashSet<String> =
+        built.questions.iter().filter(|q| q.pk_answerable).map(|q| knowrl_world::prompts::agent(&q.question)).collect();
     assert!(agent_prompts(&ex).iter().all(|u| known.contains(u)));
     let all = examples(&built, &PretrainConfig { seed: 1, pk_only_targets: false, ..Default::default() });
     assert!(agent_prompts(&all).iter().any(|u| !known.contains(u)));

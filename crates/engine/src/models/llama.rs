@@ -189,15 +189,7 @@ impl Attention {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &self,
-        x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: &Tensor,
-        kv: LayerKv,
-        mode: Mode,
-    ) -> Tensor {
+    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: &Tensor, kv: LayerKv, mode: Mode) -> Tensor {
         let (b, t, _) = x.size3().unwrap();
         let heads = |y: Tensor, n: i64, norm: &Option<RmsNorm>| {
             let y = y.view([b, t, n, self.head_dim]);
