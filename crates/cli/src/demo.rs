@@ -32,12 +32,7 @@ fn grpo_before_after(world: &std::path::Path, steps: u64) -> Result<()> {
     let refs: Vec<_> = qs.iter().collect();
     let policy = crate::train::load(&cfg)?;
     let retriever = crate::train::retriever(&cfg)?;
-    let agent = knowrl_rl::agent::AgentConfig::new(
-        cfg.rollout.max_turns,
-        cfg.rollout.topk,
-        cfg.rollout.max_tokens_per_turn,
-        0.0,
-    );
+    let agent = cfg.rollout.agent(0.0);
     let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
     let before = knowrl_eval::agent(&policy, retriever.as_dyn(), &refs, prompt, &agent)?;
     let m = crate::train::train_with_progress(&policy, &retriever, &cfg, false, "GRPO")?;

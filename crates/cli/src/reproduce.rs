@@ -304,7 +304,7 @@ fn akbe(a: Args) -> Result<()> {
     let refs: Vec<&knowrl_world::questions::Question> = qs.iter().collect();
     let retriever = crate::world_eval::world_retriever(&world)?;
     let r = &base.rollout;
-    let agent_cfg = knowrl_rl::agent::AgentConfig::new(r.max_turns, r.topk, r.max_tokens_per_turn, 0.0);
+    let agent_cfg = r.agent(0.0);
     let eval = |p: &knowrl_engine::Policy| -> Result<AgentReport> {
         Ok(knowrl_eval::agent(
             p,
@@ -458,7 +458,7 @@ fn bridge(a: Args) -> Result<()> {
     let refs: Vec<&knowrl_world::questions::Question> = qs.iter().collect();
     let gold = knowrl_eval::data::gold_passages(&world, &refs).map_err(anyhow::Error::msg)?;
     let r = &base.rollout;
-    let agent_cfg = knowrl_rl::agent::AgentConfig::new(r.max_turns, r.topk, r.max_tokens_per_turn, 0.0);
+    let agent_cfg = r.agent(0.0);
     let multihop: Vec<usize> = (0..refs.len()).filter(|&i| refs[i].hops >= 2).collect();
     let eval = |p: &knowrl_engine::Policy, ret: &DenseRetriever, m: &[StepMetrics]| -> Result<BridgeEval> {
         let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));

@@ -180,7 +180,7 @@ impl<'a> PeriodicEval<'a> {
             _ => {
                 let refs: Vec<_> = self.questions.iter().collect();
                 let r = &self.cfg.rollout;
-                let agent = knowrl_rl::agent::AgentConfig::new(r.max_turns, r.topk, r.max_tokens_per_turn, 0.0);
+                let agent = r.agent(0.0);
                 let prompt =
                     |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
                 let a = knowrl_eval::agent(policy, self.retriever.as_dyn(), &refs, prompt, &agent)?;

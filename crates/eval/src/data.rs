@@ -72,6 +72,18 @@ pub fn gold_passages(world: &Path, qs: &[&Question]) -> Result<Vec<Vec<String>>,
         .collect()
 }
 
+/// A chat prompt from `[{role, content}, …]`: the last system and the last user message
+/// (Search-R1 rows have a user message, AKBE's a lone system message).
+fn chat_prompt(v: &serde_json::Value) -> Option<Prompt> {
+    let msgs = v.as_array()?;
+    let last = |role: &str| msgs.iter().rev().find(|m| m["role"] == role).and_then(|m| m["content"].as_str());
+    let (system, user) = (last("system").map(str::to_string), last("user").map(str::to_string));
+    if system.is_none() && user.is_none() {
+        return None;
+    }
+    Some(Prompt { system, user: user.unwrap_or_default() })
+}
+
 /// Rows of a parquet file (Search-R1 / verl training data) as JSON values, nested lists and
 /// structs included.
 pub fn load_parquet(p: &Path) -> Result<Vec<serde_json::Value>, String> {
@@ -116,17 +128,20 @@ pub fn jsonl_tasks(p: &Path) -> Result<Vec<Task>, String> {
                 t.query_only = Prompt::user(format!("Answer the question in <answer> </answer>.\nQuestion: {q}"));
                 t.no_tool = t.query_only.clone();
                 Ok(t)
-            } else if let Some(msgs) = r["prompt"].as_array() {
-                let user = msgs
-                    .iter()
-                    .rev()
-                    .find(|m| m["role"] == "user")
-                    .and_then(|m| m["content"].as_str())
-                    .ok_or_else(|| format!("{}: `prompt` has no user message", at()))?;
+            } else if r["prompt"].is_array() {
+                let agent = chat_prompt(&r["prompt"]).ok_or_else(|| {
+                    format!("{}: `prompt` must be a list of {{role, content}} with a user or system message", at())
+                })?;
                 let golden = strings(&r["reward_model"]["ground_truth"]["target"])
                     .ok_or_else(|| format!("{}: `reward_model.ground_truth.target` must be strings", at()))?;
                 let id = r["extra_info"]["index"].as_u64().map_or_else(|| format!("row{}", i + 1), |x| x.to_string());
-                Ok(Task { id, golden, agent: Prompt::user(user), ..Default::default() })
+                let mut t = Task { id, golden, agent, ..Default::default() };
+                // AKBE's dual-path data carries the no-tool prompt in its own column.
+                if !r["prompt_no_tool"].is_null() {
+                    t.no_tool = chat_prompt(&r["prompt_no_tool"])
+                        .ok_or_else(|| format!("{}: `prompt_no_tool` must be a list of {{role, content}}", at()))?;
+                }
+                Ok(t)
             } else {
                 Err(format!("{}: neither a FlashRAG row (`question`) nor a Search-R1 row (`prompt`)", at()))
             }
@@ -157,6 +172,17 @@ mod tests {
         assert_eq!(t[0].golden, vec!["Ada"]);
         assert!(t[0].agent.user.ends_with("Question: who?\n"));
         assert_eq!((t[1].id.as_str(), t[1].golden.len()), ("7", 2));
+        // An AKBE dual-path row: system-only prompts, the no-tool one in its own column.
+        std::fs::write(
+            &f,
+            r#"{"prompt":[{"role":"system","content":"WT who?"}],"prompt_no_tool":[{"role":"system","content":"NT who?"}],"reward_model":{"ground_truth":{"target":["Ada"]}}}"#,
+        )
+        .unwrap();
+        let t = jsonl_tasks(&f).unwrap();
+        assert_eq!((t[0].agent.system.as_deref(), t[0].agent.user.as_str()), (Some("WT who?"), ""));
+        assert_eq!(t[0].no_tool.system.as_deref(), Some("NT who?"));
+        std::fs::write(&f, r#"{"prompt":[{"role":"assistant","content":"x"}],"reward_model":{"ground_truth":{"target":["a"]}}}"#).unwrap();
+        assert!(jsonl_tasks(&f).unwrap_err().contains("d.jsonl:1: `prompt` must be a list"));
         std::fs::write(&f, "{\"id\":\"x\"}\n{\"question\":\"q\",\"golden_answers\":[1]}\n").unwrap();
         let e = jsonl_tasks(&f).unwrap_err();
         assert!(e.ends_with("d.jsonl:1: neither a FlashRAG row (`question`) nor a Search-R1 row (`prompt`)"), "{e}");

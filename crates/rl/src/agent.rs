@@ -181,7 +181,9 @@ pub fn run(
             }
         }
         if !searches.is_empty() {
-            let queries: Vec<String> = searches.iter().map(|(_, q)| q.clone()).collect();
+            // AKBE's tool deletes double quotes from the query before searching.
+            let clean = |q: &String| if cfg.style == PassageStyle::Akbe { q.replace('"', "") } else { q.clone() };
+            let queries: Vec<String> = searches.iter().map(|(_, q)| clean(q)).collect();
             let results =
                 retriever.search(&queries, cfg.topk).map_err(|e| knowrl_engine::EngineError::Invalid(e.to_string()))?;
             for ((i, q), hits) in searches.into_iter().zip(results) {

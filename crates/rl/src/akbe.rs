@@ -258,6 +258,12 @@ fn signal(
 /// Algorithm 1, one step.
 pub fn step(ctx: &StepCtx, tasks: &[&Task], offline: &mut OfflineSignals) -> knowrl_engine::Result<StepOutput> {
     let cfg = &ctx.cfg.akbe;
+    if let Some(t) = tasks.iter().find(|t| t.no_tool.system.is_none() && t.no_tool.user.is_empty()) {
+        return Err(knowrl_engine::EngineError::Invalid(format!(
+            "AKBE: task {} has no no-tool prompt (jsonl/parquet rows need a `prompt_no_tool` column, as AKBE's data has)",
+            t.id
+        )));
+    }
     // Dual-path rollouts (lines 3-4). The no-tool path never calls the retriever.
     let t0 = Instant::now();
     let (wt_prompts, wt_group) = ctx.replicate(tasks, cfg.n_wt, |t| &t.agent)?;

@@ -134,6 +134,20 @@ pub struct RolloutSection {
     pub topk: usize,
     pub max_tokens_per_turn: usize,
     pub temperature: f64,
+    /// How retrieved passages are shown to the policy: `search_r1` (`<information>Doc 1(Title:
+    /// …) …</information>`), `verl` (verl's search tool) or `akbe` (` <result>\nPage 1: …\n</result>`,
+    /// AKBE's released tool, with its `<result>`-tag prompt).
+    #[serde(default)]
+    pub observation_format: knowrl_retrieval::format::PassageStyle,
+}
+
+impl RolloutSection {
+    /// The agent loop's settings for this section at `temperature`.
+    pub fn agent(&self, temperature: f64) -> crate::agent::AgentConfig {
+        let mut a = crate::agent::AgentConfig::new(self.max_turns, self.topk, self.max_tokens_per_turn, temperature);
+        a.style = self.observation_format;
+        a
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]

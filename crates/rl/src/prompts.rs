@@ -29,6 +29,27 @@ pub fn knowledgeable_r1(question: &str, context: &str) -> (Prompt, Prompt) {
     )
 }
 
+/// AKBE's with-tool prompt (`data_process/hotpotqa_dual_path.py`, `make_prefix`), a *system*
+/// message holding the question, byte for byte as the released Python produces it: `\b` in
+/// its non-raw f-string became a backspace (U+0008) before "oxed", and `\\n` a literal
+/// backslash-n before and after "user". "as your want" and the double space are original.
+pub const AKBE_WITH_TOOL_SYSTEM: &str = "You are a helpful assistant that can solve the given question step by step with the help of the wikipedia search tool. Given a question, you need to first think about the reasoning process in the mind and then provide the answer. During thinking, you can invoke the wikipedia search tool to search for fact information about specific topics if needed. You can search as many times as your want. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags respectively, and the search query and result are enclosed within <search> </search> and <result> </result> tags respectively. For example, <think> This is the reasoning process. </think> <search> search query here </search> <result> search result here </result>  <think> This is the reasoning process. </think> <answer> The final answer is \\[ \u{8}oxed{answer here} \\] </answer>. In the last part of the answer, the final exact answer is enclosed within \u{8}oxed{} with latex format.\\nuser\\n{question}";
+
+/// AKBE's no-tool prompt (`make_no_tool_prefix`): same quirks, except that here `\n` became real
+/// newlines around "user".
+pub const AKBE_NO_TOOL_SYSTEM: &str = "You are a helpful assistant that can solve the given question step by step without external tool. Given a question, you need to first think about the reasoning process in the mind and then provide the answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags respectively. For example, <think> This is the reasoning process. </think> <answer> The final answer is \\[ \u{8}oxed{answer here} \\] </answer>. In the last part of the answer, the final exact answer is enclosed within \u{8}oxed{} with latex format.\nuser\n{question}";
+
+/// AKBE's (with-tool, no-tool) prompts: system messages only, the question stripped and ending
+/// in "?" as its data script does.
+pub fn akbe(question: &str) -> (Prompt, Prompt) {
+    let mut q = question.trim().to_string();
+    if !q.ends_with('?') {
+        q.push('?');
+    }
+    let sys = |t: &str| Prompt { system: Some(fill(t, &q, "")), user: String::new() };
+    (sys(AKBE_WITH_TOOL_SYSTEM), sys(AKBE_NO_TOOL_SYSTEM))
+}
+
 /// Search-R1's agent prompt for a question.
 pub fn search_r1(question: &str) -> Prompt {
     Prompt::user(fill(SEARCH_R1_AGENT, question, ""))
@@ -43,6 +64,13 @@ mod tests {
         let p = search_r1("Who?");
         assert!(p.user.ends_with("For example, <answer> Beijing </answer>. Question: Who?\n"));
         assert!(p.user.contains("as your want"));
+        let (wt, nt) = akbe(" Who founded Xyz ");
+        let (wt, nt) = (wt.system.unwrap(), nt.system.unwrap());
+        assert!(wt.ends_with("with latex format.\\nuser\\nWho founded Xyz?"), "{wt}");
+        assert!(nt.ends_with("with latex format.\nuser\nWho founded Xyz?"));
+        assert!(wt.contains("</answer>. In the last part") && wt.contains("\\[ \u{8}oxed{answer here} \\]"));
+        assert!(wt.contains("</result>  <think>") && !nt.contains("search"));
+        assert_eq!(wt.matches('\u{8}').count(), 2);
         let (pk, ck) = knowledgeable_r1("Who?", "Doc");
         assert_eq!(pk.user, "Who?");
         assert_eq!(ck.user, "Retrieved information:\nDoc\nQusetion:\nWho?");

@@ -22,7 +22,10 @@ impl Prompt {
         if let Some(s) = &self.system {
             msgs.push(Message::new("system", s));
         }
-        msgs.push(Message::new("user", &self.user));
+        // AKBE's prompts are a lone system message holding the question: no empty user turn.
+        if !(self.user.is_empty() && self.system.is_some()) {
+            msgs.push(Message::new("user", &self.user));
+        }
         tok.encode(&tok.apply_chat_template(&msgs, true)?, false)
     }
 }

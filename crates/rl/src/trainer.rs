@@ -123,7 +123,7 @@ impl StepCtx<'_> {
     ) -> knowrl_engine::Result<Vec<Trajectory>> {
         let r = &self.cfg.rollout;
         let turns = if tools { r.max_turns } else { 1 };
-        let agent = AgentConfig::new(turns, r.topk, r.max_tokens_per_turn, r.temperature);
+        let agent = AgentConfig { max_turns: turns, ..r.agent(r.temperature) };
         let mut rngs: Vec<Rng> =
             (0..prompts.len()).map(|j| Rng::new(row_seed(self.cfg.run.seed, self.step, first_row + j))).collect();
         let retriever: &dyn Retriever = if tools { self.retriever } else { &NoTool };
