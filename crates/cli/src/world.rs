@@ -81,6 +81,10 @@ pub struct PretrainArgs {
     /// Shadow worlds for reading practice (0 = none; see PretrainConfig::shadow_worlds).
     #[arg(long)]
     pub shadow_worlds: Option<usize>,
+    /// Continue from this policy directory instead of a random initialisation (same world,
+    /// same tokenizer); copy it first if it is the output directory.
+    #[arg(long)]
+    pub init: Option<PathBuf>,
     /// Keep the existing encoder (train only the tokenizer-compatible policy).
     #[arg(long)]
     pub policy_only: bool,
@@ -137,7 +141,7 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
             }
         }
     };
-    let pl = train_policy(&built, &pc, &pdir, &progress("policy"))?;
+    let pl = train_policy(&built, &pc, &pdir, a.init.as_deref(), &progress("policy"))?;
     let el = if a.policy_only { f64::NAN } else { train_encoder(&built, &pc, &edir, &progress("encoder"))? };
     bar.finish_and_clear();
     std::fs::write(a.world.join("pretrain.toml"), toml::to_string(&pc)?)?;

@@ -110,3 +110,17 @@ fn scripted_agent_loop() {
     let obs = tok.decode(&policy.appended[0], false).unwrap();
     assert!(obs.starts_with("\n\n<information>Doc 1(Title: \"Ada\") about Ada"), "{obs:?}");
 }
+
+#[test]
+fn system_only_prompts_render_without_an_empty_user_turn() {
+    // AKBE's prompts are one system message holding the question.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world/policy");
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let (wt, _) = knowrl_rl::prompts::akbe("Who founded Xyz");
+    let text = tok.decode(&wt.ids(&tok).unwrap(), false).unwrap();
+    assert!(text.starts_with("<|im_start|>system\nYou are a helpful assistant"), "{text}");
+    assert!(text.ends_with("Who founded Xyz?<|im_end|>\n<|im_start|>assistant\n"), "{text}");
+    assert!(!text.contains("<|im_start|>user"));
+    let both = knowrl_rl::task::Prompt { system: Some("s".into()), user: "u".into() };
+    assert!(tok.decode(&both.ids(&tok).unwrap(), false).unwrap().contains("<|im_start|>user\nu<|im_end|>"));
+}

@@ -52,16 +52,19 @@ fn retrieved<'a>(
     out
 }
 
-/// The agent trajectory for `q`: one search per hop (the hop's subject), then the answer.
+/// The agent trajectory for `q`: one search per hop, then the answer. The first search is the
+/// question itself (what Search-R1 agents typically issue first, and what the retriever was
+/// trained on); later ones name the bridge entity read from the previous results.
 pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(String, bool)> {
     let w = &built.world;
     let by_entity: HashMap<usize, &WorldPassage> =
         built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
     let enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
     let mut segs = vec![];
-    for &f in &q.chain {
+    for (hop, &f) in q.chain.iter().enumerate() {
         let s = w.facts[f].subject;
-        segs.push((prompts::search(&w.entity(s).name), true));
+        let query = if hop == 0 { q.question.as_str() } else { w.entity(s).name.as_str() };
+        segs.push((prompts::search(query), true));
         let hits: Vec<Hit> = retrieved(w, &by_entity, &enc, s, rng).into_iter().map(hit).collect();
         segs.push((information_block(&hits, PassageStyle::SearchR1), false));
     }

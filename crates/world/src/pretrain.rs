@@ -184,16 +184,22 @@ pub fn policy_config(cfg: &PretrainConfig, vocab: usize) -> serde_json::Value {
 }
 
 /// Trains the policy; `progress(epoch, step, steps, loss)`. Returns the final epoch's mean loss.
+/// `init`: continue from these weights (an HF directory with the same tokenizer) instead of a
+/// random initialisation.
 pub fn train_policy(
     built: &Built,
     cfg: &PretrainConfig,
     dir: &Path,
+    init: Option<&Path>,
     progress: &dyn Fn(usize, usize, usize, f64),
 ) -> knowrl_engine::Result<f64> {
     let tok = Tokenizer::from_dir(dir)?;
     let vocab = tok.vocab_size();
     let mcfg = DecoderConfig::from_value(&dir.join("config.json"), policy_config(cfg, vocab))?;
-    let policy = Policy::random(&mcfg, &LoadOptions::default(), cfg.seed as i64);
+    let policy = match init {
+        Some(d) => Policy::load(d, &LoadOptions::default())?,
+        None => Policy::random(&mcfg, &LoadOptions::default(), cfg.seed as i64),
+    };
     let mut data: Vec<(Vec<u32>, Vec<u32>, Vec<bool>)> =
         examples(built, cfg).iter().map(|e| encode(&tok, e)).collect::<Result<_, _>>()?;
     let base: Vec<usize> = (0..data.len()).collect();

@@ -73,7 +73,7 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
         ..Default::default()
     };
     let losses = RefCell::new(vec![]);
-    train_policy(&built, &cfg, &pdir, &|e, _, _, l| losses.borrow_mut().push((e, l))).unwrap();
+    train_policy(&built, &cfg, &pdir, None, &|e, _, _, l| losses.borrow_mut().push((e, l))).unwrap();
     let mean = |e: usize| {
         let v: Vec<f64> = losses.borrow().iter().filter(|x| x.0 == e).map(|x| x.1).collect();
         v.iter().sum::<f64>() / v.len() as f64
