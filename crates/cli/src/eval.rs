@@ -67,6 +67,32 @@ pub struct Args {
     /// Write the figures here (JSON).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Agent suites: write every trajectory here (JSONL: question, gold, text, answer, queries,
+    /// retrieved ids).
+    #[arg(long)]
+    pub trajectories: Option<PathBuf>,
+}
+
+fn dump_trajectories(
+    path: &std::path::Path,
+    questions: &[String],
+    golds: &[Vec<String>],
+    trajs: &[knowrl_rl::agent::Trajectory],
+) -> Result<()> {
+    let rows: String = questions
+        .iter()
+        .zip(golds)
+        .zip(trajs)
+        .map(|((q, g), t)| {
+            json!({"question": q, "golden_answers": g, "text": t.text, "answer": t.answer, "queries": t.queries,
+                   "retrieved_ids": t.retrieved_ids, "invalid_actions": t.invalid_actions})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    knowrl_engine::fsutil::write_atomic(path, rows.as_bytes())?;
+    eprintln!("trajectories: {}", path.display());
+    Ok(())
 }
 
 fn take<T>(mut v: Vec<T>, limit: usize) -> Vec<T> {
@@ -142,13 +168,19 @@ pub fn run(a: Args) -> Result<()> {
             let refs: Vec<_> = qs.iter().collect();
             let retriever = crate::world_eval::world_retriever(&a.world)?;
             let cfg = knowrl_rl::agent::AgentConfig::new(a.max_turns, a.topk, 48, 0.0);
-            let r = knowrl_eval::agent(
+            let trajs = knowrl_eval::agent_trajectories(
                 policy,
                 &retriever,
                 &refs,
                 |q| Prompt::user(knowrl_world::prompts::agent(&q.question)),
                 &cfg,
             )?;
+            if let Some(path) = &a.trajectories {
+                let golds: Vec<Vec<String>> = refs.iter().map(|q| q.golden_answers.clone()).collect();
+                let qtexts: Vec<String> = refs.iter().map(|q| q.question.clone()).collect();
+                dump_trajectories(path, &qtexts, &golds, &trajs)?;
+            }
+            let r = knowrl_eval::score_trajectories(&refs, &trajs);
             println!(
                 "EM {:.3}  TC {:.2}  TP {:.1}  boundary accuracy {:.3}  over-search {:.3}  under-search {:.3}  (n = {})",
                 r.em, r.tc, r.tp, r.boundary_accuracy, r.over_search_rate, r.under_search_rate, r.n
@@ -214,6 +246,10 @@ pub fn run(a: Args) -> Result<()> {
             let _ = std::fs::remove_dir_all(&dir);
             let trajs = trajs?;
             let golds: Vec<Vec<String>> = qs.iter().map(|q| q.answers.clone()).collect();
+            if let Some(path) = &a.trajectories {
+                let qtexts: Vec<String> = qs.iter().map(|q| q.question.clone()).collect();
+                dump_trajectories(path, &qtexts, &golds, &trajs)?;
+            }
             let support: Vec<Vec<String>> = qs.iter().map(|q| q.supporting.clone()).collect();
             let r = knowrl_eval::score_open_agent(&golds, &support, &trajs);
             println!(

@@ -102,12 +102,14 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
         // left out: their trained search queries and answers would teach non-PK facts (query-only
         // EM on non-PK questions rose to 0.16); searching and reading unknown facts is practised
         // on shadow worlds instead (`reading_examples`).
-        if q.pk_answerable || !cfg.pk_only_targets {
-            out.push(Example {
-                user: Some(prompts::agent(&q.question)),
-                segments: agent_trajectory(built, q, &mut rng),
-            });
+        let mut segments = agent_trajectory(built, q, &mut rng);
+        if !q.pk_answerable && cfg.pk_only_targets {
+            // Only the first search (the question copied into the query: a name, not a fact) is
+            // trained; the rest is context. Without it the policy never learnt to copy names it
+            // had never produced and searched for a memorised train-split name instead.
+            segments.iter_mut().skip(1).for_each(|s| s.1 = false);
         }
+        out.push(Example { user: Some(prompts::agent(&q.question)), segments });
     }
     // Context dominance: answer whatever the context says (S1, S2 incl. multi-conflict, S5).
     // With `pk_only_targets`, only items whose trained answer is not a non-PK fact: PK questions,

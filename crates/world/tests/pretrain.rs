@@ -36,16 +36,19 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     let statements = |v: &[knowrl_world::habits::Example]| v.iter().filter(|e| e.user.is_none()).count();
     assert_eq!(statements(&ex), 3 * statements(&once));
     assert!(statements(&once) > 0);
-    // With pk_only_targets (the default) the real world's agent trajectories are all for
-    // questions the policy knows; with it off, unknown ones come back.
+    // With pk_only_targets (the default) agent trajectories of questions the policy does not
+    // know train only their first search (the question copied); with it off, everything.
     let agent_prompts = |v: &[knowrl_world::habits::Example]| -> Vec<String> {
         v.iter().filter(|e| e.segments.len() > 1).map(|e| e.user.clone().unwrap()).collect()
     };
     let known: std::collections::HashSet<String> =
         built.questions.iter().filter(|q| q.pk_answerable).map(|q| knowrl_world::prompts::agent(&q.question)).collect();
-    assert!(agent_prompts(&ex).iter().all(|u| known.contains(u)));
+    let trained = |e: &knowrl_world::habits::Example| e.segments.iter().filter(|s| s.1).count();
+    let unknown = |e: &&knowrl_world::habits::Example| e.segments.len() > 1 && !known.contains(e.user.as_ref().unwrap());
+    let ex_unknown: Vec<_> = ex.iter().filter(unknown).collect();
+    assert!(!ex_unknown.is_empty() && ex_unknown.iter().all(|e| trained(e) == 1 && e.segments[0].1));
     let all = examples(&built, &PretrainConfig { seed: 1, pk_only_targets: false, ..Default::default() });
-    assert!(agent_prompts(&all).iter().any(|u| !known.contains(u)));
+    assert!(all.iter().filter(unknown).all(|e| trained(e) > 1));
     // Shadow-world reading practice: contexts and agent runs about entities the real world lacks.
     let shadow = knowrl_world::build(&WorldConfig { seed: knowrl_world::pretrain::shadow_seed(17, 0), ..small() });
     let reading = knowrl_world::habits::reading_examples(&shadow, 5, 4, 1);
