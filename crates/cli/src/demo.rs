@@ -14,7 +14,7 @@ pub struct Args {
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
     /// GRPO steps of the demo run (configs/world-grpo.toml; 0 = skip).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 40)]
     pub grpo_steps: u64,
 }
 

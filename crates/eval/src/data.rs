@@ -181,7 +181,11 @@ mod tests {
         let t = jsonl_tasks(&f).unwrap();
         assert_eq!((t[0].agent.system.as_deref(), t[0].agent.user.as_str()), (Some("WT who?"), ""));
         assert_eq!(t[0].no_tool.system.as_deref(), Some("NT who?"));
-        std::fs::write(&f, r#"{"prompt":[{"role":"assistant","content":"x"}],"reward_model":{"ground_truth":{"target":["a"]}}}"#).unwrap();
+        std::fs::write(
+            &f,
+            r#"{"prompt":[{"role":"assistant","content":"x"}],"reward_model":{"ground_truth":{"target":["a"]}}}"#,
+        )
+        .unwrap();
         assert!(jsonl_tasks(&f).unwrap_err().contains("d.jsonl:1: `prompt` must be a list"));
         std::fs::write(&f, "{\"id\":\"x\"}\n{\"question\":\"q\",\"golden_answers\":[1]}\n").unwrap();
         let e = jsonl_tasks(&f).unwrap_err();

@@ -44,7 +44,8 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     let known: std::collections::HashSet<String> =
         built.questions.iter().filter(|q| q.pk_answerable).map(|q| knowrl_world::prompts::agent(&q.question)).collect();
     let trained = |e: &knowrl_world::habits::Example| e.segments.iter().filter(|s| s.1).count();
-    let unknown = |e: &&knowrl_world::habits::Example| e.segments.len() > 1 && !known.contains(e.user.as_ref().unwrap());
+    let unknown =
+        |e: &&knowrl_world::habits::Example| e.segments.len() > 1 && !known.contains(e.user.as_ref().unwrap());
     let ex_unknown: Vec<_> = ex.iter().filter(unknown).collect();
     assert!(!ex_unknown.is_empty() && ex_unknown.iter().all(|e| trained(e) == 1 && e.segments[0].1));
     let all = examples(&built, &PretrainConfig { seed: 1, pk_only_targets: false, ..Default::default() });
