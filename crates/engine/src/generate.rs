@@ -102,17 +102,8 @@ impl<'a> DecodeSession<'a> {
         if self.cache.len == 0 {
             // A fresh session whose rows repeat prompts (G samples per prompt): prefill each
             // distinct prompt once and copy its cache rows.
-            let mut index: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
-            let mut unique: Vec<Vec<u32>> = vec![];
-            let rows: Vec<i64> = merged
-                .iter()
-                .map(|m| {
-                    *index.entry(m.as_slice()).or_insert_with(|| {
-                        unique.push(m.clone());
-                        unique.len() - 1
-                    }) as i64
-                })
-                .collect();
+            let (unique, rows) = crate::score::distinct(merged.iter().map(Vec::as_slice));
+            let unique: Vec<Vec<u32>> = unique.into_iter().map(<[u32]>::to_vec).collect();
             if unique.len() < merged.len() && unique.iter().all(|u| !u.is_empty()) {
                 self.prefill_shared(&unique, &rows);
                 return Ok(());

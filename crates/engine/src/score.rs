@@ -64,9 +64,9 @@ pub struct ScoreRequest<'a> {
 /// log-probs match the rollout distribution (verl's convention). Rows that share a prompt (a
 /// GRPO group, Knowledgeable-R1's re-scored rows) run it once: [`score_shared`].
 pub fn score(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
-    let (unique, _) = distinct_prompts(reqs);
+    let (unique, rows) = distinct_prompts(reqs);
     if unique.len() < reqs.len() && reqs.iter().all(|q| q.prompt.len() > 1) {
-        score_shared(lm, reqs, temperature, mode)
+        shared(lm, reqs, &unique, rows, temperature, mode)
     } else {
         score_packed(lm, reqs, temperature, mode)
     }
@@ -74,13 +74,19 @@ pub fn score(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode
 
 /// The distinct prompts (first-appearance order) and, per request, the index of its prompt.
 fn distinct_prompts<'a>(reqs: &[ScoreRequest<'a>]) -> (Vec<&'a [u32]>, Vec<i64>) {
+    distinct(reqs.iter().map(|q| q.prompt))
+}
+
+/// The distinct token sequences of `seqs` (first-appearance order) and, per sequence, the index
+/// of its copy among them; shared by scoring and the generation prefill.
+pub(crate) fn distinct<'a>(seqs: impl IntoIterator<Item = &'a [u32]>) -> (Vec<&'a [u32]>, Vec<i64>) {
     let mut index: std::collections::HashMap<&[u32], i64> = std::collections::HashMap::new();
     let mut unique = vec![];
-    let rows = reqs
-        .iter()
-        .map(|q| {
-            *index.entry(q.prompt).or_insert_with(|| {
-                unique.push(q.prompt);
+    let rows = seqs
+        .into_iter()
+        .map(|s| {
+            *index.entry(s).or_insert_with(|| {
+                unique.push(s);
                 unique.len() as i64 - 1
             })
         })
@@ -112,9 +118,21 @@ pub fn score_packed(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mod
 /// to its prompt's keys/values. Same values and gradients as [`score_packed`] (tested) with the
 /// prompt computed once per prompt instead of once per row.
 pub fn score_shared(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
-    let dev = lm.device();
     let (unique, rows) = distinct_prompts(reqs);
     assert!(reqs.iter().all(|q| q.prompt.len() > 1), "score_shared: prompts need 2+ tokens");
+    shared(lm, reqs, &unique, rows, temperature, mode)
+}
+
+/// [`score_shared`] given the distinct prompts and each request's index into them.
+fn shared(
+    lm: &DecoderLm,
+    reqs: &[ScoreRequest],
+    unique: &[&[u32]],
+    rows: Vec<i64>,
+    temperature: f64,
+    mode: Mode,
+) -> Scored {
+    let dev = lm.device();
     let prefixes: Vec<Vec<u32>> = unique.iter().map(|p| p[..p.len() - 1].to_vec()).collect();
     let pre = PackedBatch::new(&prefixes, dev);
     let kv = lm.forward_prefix(&pre.ids, &pre.positions, &pre.mask, mode);
