@@ -154,6 +154,15 @@ pub struct AgentReport {
     pub pk_search_rate: f64,
 }
 
+/// AKBE's TP: EM in points per tool call; NaN when no tool call was made.
+pub fn tool_productivity(em: f64, tc: f64) -> f64 {
+    if tc > 0.0 {
+        100.0 * em / tc
+    } else {
+        f64::NAN
+    }
+}
+
 /// One agent outcome: (correct, tool calls) for a question.
 pub fn score_agent(questions: &[&Question], outcomes: &[(bool, usize)]) -> AgentReport {
     let n = questions.len().max(1) as f64;
@@ -172,7 +181,7 @@ pub fn score_agent(questions: &[&Question], outcomes: &[(bool, usize)]) -> Agent
         em,
         em_by_hops: by.into_iter().map(|(k, c)| (k, c.rate())).collect(),
         tc,
-        tp: if tc > 0.0 { 100.0 * em / tc } else { f64::NAN },
+        tp: tool_productivity(em, tc),
         boundary_accuracy: frac(&|q, c| (c > 0) == (q.min_searches > 0)),
         over_search_rate: frac(&|q, c| c > q.min_searches),
         under_search_rate: frac(&|q, c| c < q.min_searches),
@@ -241,7 +250,7 @@ pub fn score_open_agent(golds: &[Vec<String>], support: &[Vec<String>], trajs: &
         f1: mean(&|g, t| f1(&ans(t), g)),
         sub_em: mean(&|g, t| sub_exact_match(&ans(t), g) as u8 as f64),
         tc,
-        tp: if tc > 0.0 { 100.0 * em / tc } else { f64::NAN },
+        tp: tool_productivity(em, tc),
         answered: mean(&|_, t| t.answer.is_some() as u8 as f64),
         support_recall: issued_query_recall(support, trajs),
     }

@@ -119,9 +119,7 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
         .iter()
         .filter(|s| s.split == Split::Train && (s.pk_answerable || s.scenario == "S2" || !cfg.pk_only_targets))
         .collect();
-    for i in (1..reading.len()).rev() {
-        reading.swap(i, rng.below(i + 1));
-    }
+    crate::shuffle(&mut reading, &mut rng);
     for s in
         reading.into_iter().filter(|s| matches!(s.scenario.as_str(), "S1" | "S2" | "S5")).take(cfg.context_examples)
     {
@@ -133,9 +131,7 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
             out.push(chat(prompts::with_context(&s.question, &s.context), prompts::answer(&a)));
         }
     }
-    for i in (1..out.len()).rev() {
-        out.swap(i, rng.below(i + 1));
-    }
+    crate::shuffle(&mut out, &mut rng);
     out
 }
 
@@ -148,12 +144,8 @@ pub fn reading_examples(shadow: &Built, contexts: usize, agent: usize, seed: u64
     let mut items: Vec<_> =
         shadow.scenarios.iter().filter(|s| matches!(s.scenario.as_str(), "S1" | "S2" | "S5")).collect();
     let mut questions: Vec<&Question> = shadow.questions.iter().collect();
-    for i in (1..items.len()).rev() {
-        items.swap(i, rng.below(i + 1));
-    }
-    for i in (1..questions.len()).rev() {
-        questions.swap(i, rng.below(i + 1));
-    }
+    crate::shuffle(&mut items, &mut rng);
+    crate::shuffle(&mut questions, &mut rng);
     let mut out = vec![];
     for s in items.into_iter().filter(|s| s.context_answer.is_some()).take(contexts) {
         let a = s.context_answer.clone().unwrap();

@@ -33,6 +33,13 @@ pub fn build(config: &WorldConfig) -> Built {
     Built { config: config.clone(), world, questions, passages, scenarios }
 }
 
+/// Fisher–Yates shuffle with the world's generator (one `below` draw per position, last first).
+pub(crate) fn shuffle<T>(v: &mut [T], rng: &mut knowrl_engine::Rng) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.below(i + 1));
+    }
+}
+
 fn jsonl<T: Serialize>(items: impl IntoIterator<Item = T>) -> String {
     items.into_iter().map(|x| serde_json::to_string(&x).unwrap() + "\n").collect()
 }

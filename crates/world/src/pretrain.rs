@@ -300,17 +300,13 @@ fn fit(
 /// by length, cut into batches, shuffle the batches.
 fn length_buckets(items: &[usize], lens: &[usize], batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
     let mut order = items.to_vec();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.below(i + 1));
-    }
+    crate::shuffle(&mut order, rng);
     let mut batches: Vec<Vec<usize>> = vec![];
     for window in order.chunks_mut(batch * 50) {
         window.sort_by_key(|&i| lens[i]);
         batches.extend(window.chunks(batch).map(<[usize]>::to_vec));
     }
-    for i in (1..batches.len()).rev() {
-        batches.swap(i, rng.below(i + 1));
-    }
+    crate::shuffle(&mut batches, rng);
     batches
 }
 
@@ -356,9 +352,7 @@ pub fn train_encoder(
         Fit { epochs: cfg.encoder_epochs, lr: 1e-3, seed: cfg.seed ^ 0xE },
         |_, rng| {
             let mut order: Vec<usize> = (0..pairs.len()).collect();
-            for i in (1..order.len()).rev() {
-                order.swap(i, rng.below(i + 1));
-            }
+            crate::shuffle(&mut order, rng);
             order.chunks(64).map(<[usize]>::to_vec).collect()
         },
         |chunk| {

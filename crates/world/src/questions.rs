@@ -105,9 +105,7 @@ pub fn generate(world: &World, cfg: &WorldConfig) -> Vec<Question> {
     // Splits by question (a question is in exactly one split), stratified by hop count.
     for hops in 1..=3 {
         let mut idx: Vec<usize> = out.iter().enumerate().filter(|(_, q)| q.hops == hops).map(|(i, _)| i).collect();
-        for i in (1..idx.len()).rev() {
-            idx.swap(i, rng.below(i + 1));
-        }
+        crate::shuffle(&mut idx, &mut rng);
         let n = idx.len() as f64;
         let n_test = (n * cfg.splits.test).round() as usize;
         let n_valid = (n * cfg.splits.valid).round() as usize;

@@ -7,6 +7,7 @@
 //! with look-alike and same-kind distractors).
 use crate::corpus::WorldPassage;
 use crate::questions::{Question, Split};
+use crate::shuffle;
 use crate::world::World;
 use knowrl_engine::Rng;
 use serde::{Deserialize, Serialize};
@@ -27,12 +28,6 @@ pub struct ScenarioItem {
     pub context_answer: Option<String>,
     pub pk_answerable: bool,
     pub hops: usize,
-}
-
-fn shuffle<T>(v: &mut [T], rng: &mut Rng) {
-    for i in (1..v.len()).rev() {
-        v.swap(i, rng.below(i + 1));
-    }
 }
 
 /// The counterfactual chain of `q`: from the first subject, follow each hop's counterfactual
