@@ -36,6 +36,8 @@ pub struct DecodeStats {
     pub forward_s: f64,
     pub sample_s: f64,
     pub forwards: usize,
+    /// Batch rows computed, summed over forwards (finished rows moved out are not computed).
+    pub rows_computed: usize,
 }
 
 pub struct DecodeSession<'a> {
@@ -50,6 +52,10 @@ pub struct DecodeSession<'a> {
     pending: Vec<Vec<u32>>,
     /// Next-token logits per row [B, V] (float32, on the model's device).
     last_logits: Option<Tensor>,
+    /// slot[r]: the cache row holding row r. A forward pass runs only the cache rows up to the
+    /// last one fed, so rows that finished (or do not search this turn) are moved behind the
+    /// fed ones instead of being computed as padding.
+    slot: Vec<usize>,
     pad_id: u32,
 }
 
@@ -63,6 +69,7 @@ impl<'a> DecodeSession<'a> {
             n_real: vec![0; batch],
             pending: vec![vec![]; batch],
             last_logits: None,
+            slot: (0..batch).collect(),
             pad_id,
         }
     }
@@ -119,16 +126,39 @@ impl<'a> DecodeSession<'a> {
         let b = self.batch();
         self.valid = vec![vec![]; unique.len()];
         self.n_real = vec![0; unique.len()];
+        self.slot = (0..unique.len()).collect();
         self.feed(unique);
         let idx = Tensor::from_slice(rows).to_device(self.lm.device());
         self.cache.select_rows(&idx);
         self.valid = rows.iter().map(|&u| self.valid[u as usize].clone()).collect();
         self.n_real = rows.iter().map(|&u| self.n_real[u as usize]).collect();
+        self.slot = (0..rows.len()).collect();
         self.last_logits = self.last_logits.take().map(|l| l.index_select(0, &idx));
         debug_assert_eq!(self.batch(), b);
     }
 
+    /// Moves the `fed` rows to the front cache rows when the rows in between would waste a
+    /// quarter or more of the pass. One copy of the cache; a batch shrinking to nothing
+    /// triggers it a handful of times.
+    fn compact(&mut self, fed: &[usize]) {
+        let front = fed.iter().map(|&r| self.slot[r]).max().map_or(0, |s| s + 1);
+        if 4 * (front - fed.len()) < front.max(4) {
+            return;
+        }
+        let mut is_fed = vec![false; self.batch()];
+        fed.iter().for_each(|&r| is_fed[r] = true);
+        let mut order: Vec<usize> = (0..self.batch()).collect();
+        // Fed rows first, everything else after, each in its current cache order.
+        order.sort_by_key(|&r| (!is_fed[r], self.slot[r]));
+        let perm: Vec<i64> = order.iter().map(|&r| self.slot[r] as i64).collect();
+        self.cache.select_rows(&Tensor::from_slice(&perm).to_device(self.lm.device()));
+        for (s, &r) in order.iter().enumerate() {
+            self.slot[r] = s;
+        }
+    }
+
     /// One forward pass over right-aligned ragged blocks; updates cache and next-token logits.
+    /// Only cache rows up to the last fed row run (see `slot`).
     fn feed(&mut self, blocks: &[Vec<u32>]) {
         let b = self.batch();
         let t = blocks.iter().map(Vec::len).max().unwrap_or(0);
@@ -136,22 +166,29 @@ impl<'a> DecodeSession<'a> {
             return;
         }
         let t0 = std::time::Instant::now();
+        let fed: Vec<usize> = (0..b).filter(|&r| !blocks[r].is_empty()).collect();
+        self.compact(&fed);
+        let k = fed.iter().map(|&r| self.slot[r]).max().unwrap() + 1;
         let past = self.cache.len as usize;
         let keys = past + t;
-        let mut ids = vec![self.pad_id as i64; b * t];
-        let mut pos = vec![0i64; b * t];
-        let mut mask = vec![false; b * t * keys];
+        let mut ids = vec![self.pad_id as i64; k * t];
+        let mut pos = vec![0i64; k * t];
+        let mut mask = vec![false; k * t * keys];
         for (r, block) in blocks.iter().enumerate() {
             let off = t - block.len();
-            for (i, &tok) in block.iter().enumerate() {
-                ids[r * t + off + i] = tok as i64;
-                pos[r * t + off + i] = self.n_real[r] + i as i64;
-            }
             self.valid[r].extend((0..t).map(|i| i >= off));
+            let s = self.slot[r];
+            if s >= k {
+                continue; // not computed: its new slots are holes
+            }
+            for (i, &tok) in block.iter().enumerate() {
+                ids[s * t + off + i] = tok as i64;
+                pos[s * t + off + i] = self.n_real[r] + i as i64;
+            }
             self.n_real[r] += block.len() as i64;
             let row_valid = &self.valid[r];
             for q in 0..t {
-                let m = &mut mask[(r * t + q) * keys..(r * t + q + 1) * keys];
+                let m = &mut mask[(s * t + q) * keys..(s * t + q + 1) * keys];
                 for (j, slot) in m.iter_mut().enumerate().take(past + q + 1) {
                     *slot = row_valid[j];
                 }
@@ -159,20 +196,24 @@ impl<'a> DecodeSession<'a> {
             }
         }
         let dev = self.lm.device();
-        let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
-        let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
-        let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, keys as i64]).to_device(dev);
-        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut self.cache), Mode::EVAL));
+        let ids = Tensor::from_slice(&ids).view([k as i64, t as i64]).to_device(dev);
+        let pos = Tensor::from_slice(&pos).view([k as i64, t as i64]).to_device(dev);
+        let mask = Tensor::from_slice(&mask).view([k as i64, 1, t as i64, keys as i64]).to_device(dev);
+        self.lm.reserve_cache(&mut self.cache, b as i64, t as i64);
+        let mut front = self.cache.front_rows(k as i64);
+        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut front), Mode::EVAL));
+        self.cache.len += t as i64;
         let logits = tch::no_grad(|| self.lm.logits(&hidden.select(1, -1)));
-        let fed: Vec<bool> = blocks.iter().map(|x| !x.is_empty()).collect();
-        self.last_logits = Some(match self.last_logits.take() {
-            Some(old) if fed.iter().any(|f| !f) => {
-                let sel = Tensor::from_slice(&fed).to_device(dev).unsqueeze(1);
-                logits.where_self(&sel, &old)
-            }
-            _ => logits,
-        });
+        let to = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
+        let (rows, slots) =
+            (to(fed.iter().map(|&r| r as i64).collect()), to(fed.iter().map(|&r| self.slot[r] as i64).collect()));
+        let old = self
+            .last_logits
+            .take()
+            .unwrap_or_else(|| Tensor::zeros([b as i64, logits.size()[1]], (logits.kind(), dev)));
+        self.last_logits = Some(old.index_copy(0, &rows, &logits.index_select(0, &slots)));
         self.stats.forwards += 1;
+        self.stats.rows_computed += k;
         self.stats.forward_s += t0.elapsed().as_secs_f64();
     }
 

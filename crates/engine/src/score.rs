@@ -4,7 +4,7 @@
 //! different prompt (Knowledgeable-R1 scores query-only rollouts under the context prompt).
 //! Only response positions go through the LM head, which keeps the [N, V] logits small.
 use crate::layers::Mode;
-use crate::models::llama::DecoderLm;
+use crate::models::llama::{DecoderLm, Packing};
 use tch::{Device, Kind, Tensor};
 
 /// Right-padded sequences with positions and a causal+padding mask, ready for one forward.
@@ -99,17 +99,19 @@ pub fn score_packed(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mod
     let dev = lm.device();
     let seqs: Vec<Vec<u32>> = reqs.iter().map(|q| [q.prompt, q.response].concat()).collect();
     let batch = PackedBatch::new(&seqs, dev);
-    let l = batch.width as i64;
-    // Row i's response token t sits at p_i + t and is predicted by the hidden state at p_i + t - 1.
+    // Row i's response token t sits at p_i + t and is predicted by the hidden state at p_i + t - 1,
+    // which is real token start_i + p_i + t - 1 of the packed (padding-free) hidden states.
     let mut src = vec![];
-    for (i, q) in reqs.iter().enumerate() {
+    let mut start = 0i64;
+    for (q, seq) in reqs.iter().zip(&seqs) {
         let p = q.prompt.len() as i64;
         assert!(p > 0, "score: empty prompt");
-        src.extend((0..q.response.len() as i64).map(|t| i as i64 * l + p + t - 1));
+        src.extend((0..q.response.len() as i64).map(|t| start + p + t - 1));
+        start += seq.len() as i64;
     }
-    let hidden = lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, mode);
-    let d = hidden.size()[2];
-    let h = hidden.view([-1, d]).index_select(0, &Tensor::from_slice(&src).to_device(dev));
+    let packing = Packing::new(&batch.lens, batch.width, dev);
+    let hidden = lm.forward_packed(&batch.ids, &batch.positions, &batch.mask, &packing, mode);
+    let h = hidden.index_select(0, &Tensor::from_slice(&src).to_device(dev));
     response_scores(lm, h, reqs, temperature)
 }
 
@@ -147,7 +149,7 @@ fn shared(
         .collect();
     let (b, t, pw) = (reqs.len(), conts.iter().map(Vec::len).max().unwrap_or(1), pre.width);
     let (mut ids, mut pos, mut mask) = (vec![0i64; b * t], vec![0i64; b * t], vec![false; b * t * (pw + t)]);
-    let mut src = vec![];
+    let (mut src, mut start) = (vec![], 0usize);
     for (i, c) in conts.iter().enumerate() {
         let p0 = reqs[i].prompt.len() - 1; // real prefix tokens of this row
         for q in 0..t {
@@ -161,15 +163,18 @@ fn shared(
                 *x = j == q || (j < q && j < c.len());
             }
         }
-        src.extend((0..reqs[i].response.len()).map(|q| (i * t + q) as i64));
+        // Response token q of row i is predicted by continuation token q: packed row start + q.
+        src.extend((0..reqs[i].response.len()).map(|q| (start + q) as i64));
+        start += c.len();
     }
     let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
     let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
     let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, (pw + t) as i64]).to_device(dev);
     let rows = Tensor::from_slice(&rows).to_device(dev);
-    let hidden = lm.forward_after_prefix(&ids, &pos, &mask, &kv, &rows, mode);
-    let d = hidden.size()[2];
-    let h = hidden.view([-1, d]).index_select(0, &Tensor::from_slice(&src).to_device(dev));
+    let lens: Vec<usize> = conts.iter().map(Vec::len).collect();
+    let packing = Packing::new(&lens, t, dev);
+    let hidden = lm.forward_after_prefix(&ids, &pos, &mask, &kv, &rows, &packing, mode);
+    let h = hidden.index_select(0, &Tensor::from_slice(&src).to_device(dev));
     response_scores(lm, h, reqs, temperature)
 }
 

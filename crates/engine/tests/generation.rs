@@ -163,3 +163,49 @@ fn repeated_prompts_prefill_once_and_generate_as_if_alone() {
     let fresh = generate(&p.lm, None, &[concat], &SamplingParams::greedy(5), &[0], &[], 0).unwrap();
     assert_eq!(second[0].tokens, fresh[0].tokens);
 }
+
+#[test]
+fn finished_rows_leave_the_batch_and_the_rest_generate_as_if_alone() {
+    // Eight rows stop at different lengths, then half of them resume after an observation (a
+    // search turn): finished rows are moved out of the computed batch, and every row's tokens
+    // and log-probs are still those it gets alone.
+    let p = tiny("llama");
+    let base = prompts();
+    let batch: Vec<Vec<u32>> = (0..8).map(|r| base[r % 3].iter().map(|&t| t + r as u32).collect()).collect();
+    let lens = [1usize, 12, 2, 9, 3, 12, 4, 6];
+    let mut s = DecodeSession::new(&p.lm, 8, 0);
+    s.append(&batch).unwrap();
+    let mut rngs = vec![Rng::new(0); 8];
+    let params: Vec<SamplingParams> = lens.iter().map(|&n| SamplingParams::greedy(n)).collect();
+    let first = s.generate(&(0..8).collect::<Vec<_>>(), &params, &mut rngs, None, &[]).unwrap();
+    let steps = 11; // feeds after the prefill: the longest row's 12 tokens minus the last
+    assert_eq!(s.stats.forwards, 1 + steps);
+    assert!(
+        s.stats.rows_computed < 8 * (1 + steps) * 3 / 4,
+        "finished rows still computed: {} row-forwards",
+        s.stats.rows_computed
+    );
+    for r in 0..8 {
+        let alone = generate(&p.lm, None, &batch[r..r + 1], &params[r], &[0], &[], 0).unwrap();
+        assert_eq!(first[r].tokens, alone[0].tokens, "row {r}");
+        for (a, b) in first[r].logprobs.iter().zip(&alone[0].logprobs) {
+            assert!((a - b).abs() < 1e-4, "row {r}: {a} vs {b}");
+        }
+    }
+    let searching = [6usize, 1, 4, 3];
+    let mut obs = vec![vec![]; 8];
+    for (i, &r) in searching.iter().enumerate() {
+        obs[r] = (40..43 + i as u32).collect();
+    }
+    s.append(&obs).unwrap();
+    let again = vec![SamplingParams::greedy(5); 4];
+    let second = s.generate(&searching, &again, &mut rngs[..4], None, &[]).unwrap();
+    for (k, &r) in searching.iter().enumerate() {
+        let concat = [batch[r].clone(), first[r].tokens.clone(), obs[r].clone()].concat();
+        let fresh = generate(&p.lm, None, &[concat], &SamplingParams::greedy(5), &[0], &[], 0).unwrap();
+        assert_eq!(second[k].tokens, fresh[0].tokens, "row {r} after its observation");
+        for (a, b) in second[k].logprobs.iter().zip(&fresh[0].logprobs) {
+            assert!((a - b).abs() < 1e-4, "row {r}: {a} vs {b}");
+        }
+    }
+}

@@ -138,7 +138,8 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
 /// Reading practice from a *shadow* world (same config, another seed): every name and fact is
 /// new to the policy, so the only way to answer is to read the context or the search results —
 /// copying, not recall. `contexts` S1/S2/S5 items and `agent` search trajectories, drawn at random
-/// from all of its splits (none of its questions exist in the real world).
+/// from all of its splits (none of its questions exist in the real world); `agent` may exceed the
+/// world's question count.
 pub fn reading_examples(shadow: &Built, contexts: usize, agent: usize, seed: u64) -> Vec<Example> {
     let mut rng = Rng::new(seed ^ 0x05AD_0111);
     let mut items: Vec<_> =
@@ -154,7 +155,8 @@ pub fn reading_examples(shadow: &Built, contexts: usize, agent: usize, seed: u64
             segments: vec![(prompts::answer(&a), true)],
         });
     }
-    for q in questions.into_iter().take(agent) {
+    // More trajectories than questions revisit them with other distractors and orders.
+    for q in questions.iter().cycle().take(if questions.is_empty() { 0 } else { agent }) {
         out.push(Example { user: Some(prompts::agent(&q.question)), segments: agent_trajectory(shadow, q, &mut rng) });
     }
     out

@@ -80,10 +80,17 @@ impl KvCache {
         }
     }
 
-    /// Keeps only the given batch rows (drop finished sequences from a decode batch).
+    /// Keeps only the given batch rows, in that order (expand shared prefills, reorder rows).
     pub fn select_rows(&mut self, rows: &Tensor) {
         self.k = self.k.iter().map(|t| t.index_select(0, rows)).collect();
         self.v = self.v.iter().map(|t| t.index_select(0, rows)).collect();
+    }
+
+    /// The first `rows` batch rows as views sharing this cache's buffers (writes land here), for
+    /// a forward pass over part of the batch. Reserve room first: a view cannot grow.
+    pub fn front_rows(&self, rows: i64) -> KvCache {
+        let view = |t: &Tensor| t.narrow(0, 0, rows);
+        KvCache { k: self.k.iter().map(view).collect(), v: self.v.iter().map(view).collect(), len: self.len }
     }
 }
 
@@ -110,6 +117,39 @@ enum LayerKv<'a> {
     Record(&'a mut Vec<Tensor>, &'a mut Vec<Tensor>),
     /// Attend to these prefix keys/values (already one row per batch row) before our own.
     Prefix(&'a Tensor, &'a Tensor),
+}
+
+/// The real tokens of a right-padded [B, T] batch, as flat indices into its B·T slots, so the
+/// projections, MLPs and norms run on those N tokens only and attention alone sees the padded
+/// [B, T] layout. Ragged rows (GRPO samples stop at different lengths) otherwise spend a
+/// quarter of every training forward and backward on padding.
+pub struct Packing {
+    index: Tensor,
+    b: i64,
+    t: i64,
+}
+
+impl Packing {
+    /// Rows of `lens[r]` real tokens, left-aligned in a batch `t` wide.
+    pub fn new(lens: &[usize], t: usize, device: tch::Device) -> Packing {
+        let index: Vec<i64> =
+            lens.iter().enumerate().flat_map(|(r, &n)| (0..n).map(move |j| (r * t + j) as i64)).collect();
+        Packing { index: Tensor::from_slice(&index).to_device(device), b: lens.len() as i64, t: t as i64 }
+    }
+
+    /// [N, W] real-token rows → [B, T, W], zeros in the padding.
+    fn unpack(&self, y: &Tensor) -> Tensor {
+        let w = y.size()[1];
+        Tensor::zeros([self.b * self.t, w], (y.kind(), y.device()))
+            .index_copy(0, &self.index, y)
+            .view([self.b, self.t, w])
+    }
+
+    /// [B, T, W] → [N, W].
+    fn pack(&self, y: &Tensor) -> Tensor {
+        let w = y.size()[2];
+        y.reshape([self.b * self.t, w]).index_select(0, &self.index)
+    }
 }
 
 /// What the whole stack does with keys and values (one [`LayerKv`] per layer).
@@ -189,9 +229,22 @@ impl Attention {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: &Tensor, kv: LayerKv, mode: Mode) -> Tensor {
-        let (b, t, _) = x.size3().unwrap();
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        kv: LayerKv,
+        packing: Option<&Packing>,
+        mode: Mode,
+    ) -> Tensor {
+        let (b, t) = packing.map_or_else(|| (x.size()[0], x.size()[1]), |p| (p.b, p.t));
         let heads = |y: Tensor, n: i64, norm: &Option<RmsNorm>| {
+            let y = match packing {
+                Some(p) => p.unpack(&y),
+                None => y,
+            };
             let y = y.view([b, t, n, self.head_dim]);
             let y = match norm {
                 Some(nm) => nm.forward(&y),
@@ -224,6 +277,10 @@ impl Attention {
         };
         let y = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true);
         let y = y.transpose(1, 2).reshape([b, t, self.n_heads * self.head_dim]).to_kind(x.kind());
+        let y = match packing {
+            Some(p) => p.pack(&y),
+            None => y,
+        };
         self.o_proj.forward(&y, mode)
     }
 }
@@ -304,15 +361,11 @@ impl DecoderLm {
         let pos = cache.as_ref().map_or(0, |c| c.len);
         if let Some(c) = cache.as_deref_mut() {
             let (b, t) = ids.size2().unwrap();
-            let like = Tensor::empty(
-                [b, self.cfg.num_kv_heads, 1, self.cfg.head_dim],
-                (attention_kind(&self.embed_tokens), self.device()),
-            );
-            c.reserve(t, &like, self.layers.len());
+            self.reserve_cache(c, b, t);
         }
         let h = match cache.as_deref_mut() {
-            Some(c) => self.run_layers(ids, positions, mask, mode, ModelKv::Cache(c, pos)),
-            None => self.run_layers(ids, positions, mask, mode, ModelKv::None),
+            Some(c) => self.run_layers(ids, positions, mask, mode, ModelKv::Cache(c, pos), None),
+            None => self.run_layers(ids, positions, mask, mode, ModelKv::None, None),
         };
         if let Some(c) = cache {
             c.len += ids.size()[1];
@@ -320,16 +373,40 @@ impl DecoderLm {
         h
     }
 
+    /// Makes room in `cache` (a batch of `rows`) for `extra` more positions.
+    pub fn reserve_cache(&self, cache: &mut KvCache, rows: i64, extra: i64) {
+        let like = Tensor::empty(
+            [rows, self.cfg.num_kv_heads, 1, self.cfg.head_dim],
+            (attention_kind(&self.embed_tokens), self.device()),
+        );
+        cache.reserve(extra, &like, self.layers.len());
+    }
+
     /// Runs prompt prefixes `ids` [U, P] (right-padded, `mask` [U, 1, P, P]) and returns their
     /// keys and values; gradients flow back through them.
     pub fn forward_prefix(&self, ids: &Tensor, positions: &Tensor, mask: &Tensor, mode: Mode) -> PrefixKv {
         let mut prefix = PrefixKv { k: vec![], v: vec![] };
-        let _ = self.run_layers(ids, positions, mask, mode, ModelKv::Record(&mut prefix));
+        let _ = self.run_layers(ids, positions, mask, mode, ModelKv::Record(&mut prefix), None);
         prefix
     }
 
-    /// Hidden states [B, T, D] of continuations `ids` [B, T]: row r attends to prefix row
-    /// `rows[r]` and then causally to its own tokens; `mask` [B, 1, T, P + T] covers both.
+    /// Final hidden states [N, D] of the real tokens `packing` names in `ids` [B, T] (no cache):
+    /// [`Self::forward_hidden`] without computing the padding.
+    pub fn forward_packed(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        packing: &Packing,
+        mode: Mode,
+    ) -> Tensor {
+        self.run_layers(ids, positions, mask, mode, ModelKv::None, Some(packing))
+    }
+
+    /// Hidden states [N, D] of the real tokens (`packing`) of continuations `ids` [B, T]: row r
+    /// attends to prefix row `rows[r]` and then causally to its own tokens; `mask`
+    /// [B, 1, T, P + T] covers both.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_after_prefix(
         &self,
         ids: &Tensor,
@@ -337,18 +414,28 @@ impl DecoderLm {
         mask: &Tensor,
         prefix: &PrefixKv,
         rows: &Tensor,
+        packing: &Packing,
         mode: Mode,
     ) -> Tensor {
         let k: Vec<Tensor> = prefix.k.iter().map(|t| t.index_select(0, rows)).collect();
         let v: Vec<Tensor> = prefix.v.iter().map(|t| t.index_select(0, rows)).collect();
-        self.run_layers(ids, positions, mask, mode, ModelKv::Prefix(&k, &v))
+        self.run_layers(ids, positions, mask, mode, ModelKv::Prefix(&k, &v), Some(packing))
     }
 
     // `x += h` on a tch Tensor is in place and would overwrite a tensor autograd saved for
     // the backward pass; the residual adds must allocate.
     #[allow(clippy::assign_op_pattern)]
-    fn run_layers(&self, ids: &Tensor, positions: &Tensor, mask: &Tensor, mode: Mode, mut kv: ModelKv) -> Tensor {
-        let mut x = Tensor::embedding(&self.embed_tokens, ids, -1, false, false);
+    fn run_layers(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        mode: Mode,
+        mut kv: ModelKv,
+        packing: Option<&Packing>,
+    ) -> Tensor {
+        let ids = packing.map_or_else(|| ids.shallow_clone(), |p| ids.reshape([-1]).index_select(0, &p.index));
+        let mut x = Tensor::embedding(&self.embed_tokens, &ids, -1, false, false);
         let freqs = positions.to_kind(Kind::Float).unsqueeze(-1) * &self.inv_freq;
         let emb = Tensor::cat(&[&freqs, &freqs], -1).unsqueeze(1);
         let (cos, sin) = (emb.cos().to_kind(x.kind()), emb.sin().to_kind(x.kind()));
@@ -360,7 +447,7 @@ impl DecoderLm {
                 ModelKv::Record(p) => LayerKv::Record(&mut p.k, &mut p.v),
                 ModelKv::Prefix(k, v) => LayerKv::Prefix(&k[i], &v[i]),
             };
-            let h = layer.self_attn.forward(&h, &cos, &sin, mask, layer_kv, mode);
+            let h = layer.self_attn.forward(&h, &cos, &sin, mask, layer_kv, packing, mode);
             x = x + h;
             let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x), mode);
             x = x + h;
