@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub bench_threads: i32,
     /// Steps per process (the first is a warm-up and not counted).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 6)]
     pub steps: u64,
     /// Alternating rounds of (knowrl, TRL) processes.
     #[arg(long, default_value_t = 1)]
@@ -66,7 +66,8 @@ name = "em"
 lr = 1e-6
 weight_decay = 0.0
 max_grad_norm = 1.0
-micro_batch = 8
+# TRL's per_device_train_batch_size = 32: the whole batch in one forward and backward.
+micro_batch = 32
 [run]
 steps = {steps}
 seed = 0
@@ -98,10 +99,10 @@ fn worker(model: &std::path::Path, steps: u64) -> Result<Value> {
     let timed = &m[1.min(m.len() - 1)..];
     let mean =
         |f: &dyn Fn(&knowrl_rl::trainer::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
-    let mut steps_s: Vec<f64> = timed.iter().map(|x| x.step_s).collect();
-    steps_s.sort_by(|a, b| a.partial_cmp(b).unwrap());
     Ok(json!({
-        "seconds_per_step": steps_s[steps_s.len() / 2],
+        // Mean, not median: completions differ in length from step to step, and a step's time
+        // follows them.
+        "seconds_per_step": mean(&|x| x.step_s),
         "all_steps": m.iter().map(|x| x.step_s).collect::<Vec<_>>(),
         "mean_completion_tokens": mean(&|x| x.response_len),
         "breakdown_s": {
@@ -167,7 +168,7 @@ pub fn run(a: Args) -> Result<()> {
         "knowrl_seconds_per_step": k,
         "trl_seconds_per_step": t,
         "setting": {"model": model.file_name().map(|s| s.to_string_lossy().to_string()), "prompts": 4, "samples_per_prompt": 8,
-                    "max_new_tokens": 64, "temperature": 1.0, "kl": 0.0, "threads": a.bench_threads, "steps_per_process": a.steps,
+                    "max_new_tokens": 64, "temperature": 1.0, "kl": 0.0, "micro_batch": 32, "threads": a.bench_threads, "steps_per_process": a.steps,
                     "rounds": a.rounds, "device": "cpu", "dtype": "f32"},
         "knowrl": ours,
         "trl": trl,
