@@ -142,12 +142,13 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
         }
     };
     let pl = train_policy(&built, &pc, &pdir, a.init.as_deref(), &progress("policy"))?;
-    let el = if a.policy_only { f64::NAN } else { train_encoder(&built, &pc, &edir, &progress("encoder"))? };
+    let encoder = if a.policy_only {
+        "encoder kept".to_string()
+    } else {
+        format!("encoder (loss {:.3})", train_encoder(&built, &pc, &edir, &progress("encoder"))?)
+    };
     bar.finish_and_clear();
     std::fs::write(a.world.join("pretrain.toml"), toml::to_string(&pc)?)?;
-    println!(
-        "pretrained policy (final epoch loss {pl:.3}) and encoder (loss {el:.3}) in {:.0}s",
-        t0.elapsed().as_secs_f64()
-    );
+    println!("pretrained policy (final epoch loss {pl:.3}), {encoder}, in {:.0}s", t0.elapsed().as_secs_f64());
     Ok(())
 }

@@ -4,12 +4,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The OS error is part of the message, not a `source`: anyhow would print it twice.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("{file}: field `{field}`: {msg}")]
     Config { file: PathBuf, field: String, msg: String },
     #[error("{file}: tensor `{tensor}`: {msg}")]
@@ -32,7 +29,7 @@ pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl EngineError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        EngineError::Io { path: path.into(), source }
+        EngineError::Io { path: path.into(), err: source }
     }
     pub fn config(file: impl Into<PathBuf>, field: &str, msg: impl Into<String>) -> Self {
         EngineError::Config { file: file.into(), field: field.to_string(), msg: msg.into() }

@@ -2,12 +2,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RetrievalError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The OS error is part of the message, not a `source`: anyhow would print it twice.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
     #[error("{path}:{line}: {msg}")]
     BadLine { path: PathBuf, line: usize, msg: String },
     #[error("{0}")]
@@ -25,7 +22,7 @@ pub enum RetrievalError {
 pub type Result<T, E = RetrievalError> = std::result::Result<T, E>;
 
 pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> RetrievalError {
-    RetrievalError::Io { path: path.into(), source }
+    RetrievalError::Io { path: path.into(), err: source }
 }
 
 pub fn index_err(path: impl Into<PathBuf>, msg: impl ToString) -> RetrievalError {

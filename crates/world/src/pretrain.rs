@@ -19,7 +19,7 @@ use knowrl_engine::{LoadOptions, Message, Mode, Policy, Rng, Tokenizer};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::Path;
-use tch::Kind;
+use tch::{Kind, Tensor};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -197,7 +197,14 @@ pub fn train_policy(
     let vocab = tok.vocab_size();
     let mcfg = DecoderConfig::from_value(&dir.join("config.json"), policy_config(cfg, vocab))?;
     let policy = match init {
-        Some(d) => Policy::load(d, &LoadOptions::default())?,
+        Some(d) => {
+            let p = Policy::load(d, &LoadOptions::default())?;
+            if p.lm.cfg.num_layers == mcfg.num_layers {
+                p
+            } else {
+                deepened(&p, &mcfg, cfg.seed as i64, d)?
+            }
+        }
         None => Policy::random(&mcfg, &LoadOptions::default(), cfg.seed as i64),
     };
     let mut data: Vec<(Vec<u32>, Vec<u32>, Vec<bool>)> =
@@ -247,6 +254,46 @@ pub fn train_policy(
         serde_json::to_string_pretty(&gen).unwrap().as_bytes(),
     )?;
     Ok(last)
+}
+
+/// `init` with its layers spread over `mcfg.num_layers` and an identity block in each gap
+/// (o_proj and down_proj zero: the block adds nothing to the residual stream), so training
+/// continues from the same function with more depth. Everything but the depth must match.
+pub fn deepened(init: &Policy, mcfg: &DecoderConfig, seed: i64, dir: &Path) -> knowrl_engine::Result<Policy> {
+    let (old, new) = (init.lm.cfg.num_layers, mcfg.num_layers);
+    let bad = |what: String| knowrl_engine::EngineError::Invalid(format!("--init {}: {what}", dir.display()));
+    if old > new {
+        return Err(bad(format!("{old} layers, pretrain.toml `layers` = {new} (a policy can grow, not shrink)")));
+    }
+    if (init.lm.cfg.hidden_size, init.lm.cfg.intermediate_size, init.lm.cfg.vocab_size)
+        != (mcfg.hidden_size, mcfg.intermediate_size, mcfg.vocab_size)
+    {
+        return Err(bad("hidden_size, intermediate_size and vocabulary must match pretrain.toml".into()));
+    }
+    let grown = Policy::random(mcfg, &LoadOptions::default(), seed);
+    // New layer j holds old layer i when j = i·new/old; the others are the inserted blocks.
+    let mut source = vec![None; new as usize];
+    (0..old).for_each(|i| source[(i * new / old) as usize] = Some(i));
+    let from: std::collections::HashMap<String, Tensor> = init.parameters().into_iter().collect();
+    tch::no_grad(|| {
+        for (name, mut t) in grown.parameters() {
+            let copy_of = match name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')) {
+                Some((j, tail)) => match source[j.parse::<usize>().unwrap()] {
+                    Some(i) => Some(format!("model.layers.{i}.{tail}")),
+                    None if tail.ends_with("o_proj.weight") || tail.ends_with("down_proj.weight") => {
+                        let _ = t.zero_();
+                        None
+                    }
+                    None => None,
+                },
+                None => Some(name.clone()),
+            };
+            if let Some(n) = copy_of {
+                t.copy_(&from[&n]);
+            }
+        }
+    });
+    Ok(grown)
 }
 
 /// The seed of shadow world `k`: far from any seed a user would pick for the real world.

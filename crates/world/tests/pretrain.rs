@@ -95,3 +95,41 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     let v = tch::no_grad(|| enc.embed(&["a question".to_string()], knowrl_engine::Mode::EVAL).unwrap());
     assert_eq!(v.size(), [1, 32]);
 }
+
+#[test]
+fn a_deepened_policy_computes_the_same_function_and_then_trains_its_new_layers() {
+    use knowrl_engine::config::DecoderConfig;
+    use knowrl_engine::generate::full_logits;
+    use knowrl_world::pretrain::deepened;
+    let cfg = |layers: usize| {
+        let v = serde_json::json!({"model_type": "llama", "vocab_size": 50, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": layers, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true});
+        DecoderConfig::from_value(std::path::Path::new("tiny/config.json"), v).unwrap()
+    };
+    let dir = std::path::Path::new("init");
+    let small = Policy::random(&cfg(2), &LoadOptions::default(), 3);
+    let deep = deepened(&small, &cfg(3), 4, dir).unwrap();
+    assert_eq!(deep.lm.cfg.num_layers, 3);
+    let seqs = vec![vec![5u32, 9, 17, 3, 44, 2], vec![7, 8]];
+    let (a, b) = (full_logits(&small.lm, &seqs), full_logits(&deep.lm, &seqs));
+    let diff = (a - b).abs().max().double_value(&[]);
+    assert!(diff < 1e-5, "the inserted identity block changed the logits by {diff}");
+    // The inserted block is not dead: its zeroed projections get gradients.
+    let s = knowrl_engine::score::score(
+        &deep.lm,
+        &[knowrl_engine::score::ScoreRequest { prompt: &seqs[0][..3], response: &seqs[0][3..], loss_mask: None }],
+        1.0,
+        knowrl_engine::Mode::TRAIN,
+    );
+    (-s.logprobs.sum(tch::Kind::Float)).backward();
+    let grads: std::collections::HashMap<String, tch::Tensor> = deep.parameters().into_iter().collect();
+    let inserted = (0..3)
+        .find(|j| grads[&format!("model.layers.{j}.self_attn.o_proj.weight")].abs().max().double_value(&[]) == 0.0)
+        .unwrap();
+    let g = grads[&format!("model.layers.{inserted}.mlp.down_proj.weight")].grad();
+    assert!(g.abs().max().double_value(&[]) > 0.0, "no gradient reaches the inserted block");
+    // Shrinking or changing the width is refused, naming the directory.
+    let err = deepened(&deep, &cfg(2), 4, dir).err().unwrap().to_string();
+    assert!(err.contains("init") && err.contains("shrink"), "{err}");
+}
