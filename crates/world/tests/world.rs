@@ -157,3 +157,20 @@ fn bad_configs_are_rejected_naming_the_field() {
         assert!(e.contains(field) && e.contains("w.toml"), "expected `{field}` in: {e}");
     }
 }
+
+#[test]
+fn the_shipped_world_is_what_build_writes_from_its_config() {
+    // assets/world must be reproducible by `knowrl world build --config assets/world/config.toml`
+    // (an older scenarios.jsonl once outlived a generator change unnoticed).
+    let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world");
+    let c = WorldConfig::load(&assets.join("config.toml")).unwrap();
+    let out = tmp("shipped");
+    knowrl_world::build(&c).write(&out).unwrap();
+    for f in ["config.toml", "world.json", "corpus.jsonl", "passages.jsonl", "questions.jsonl", "scenarios.jsonl"] {
+        let same = std::fs::read(out.join(f)).unwrap() == std::fs::read(assets.join(f)).unwrap();
+        assert!(
+            same,
+            "assets/world/{f} differs from a fresh build: run `knowrl world build --config assets/world/config.toml`"
+        );
+    }
+}
