@@ -4,7 +4,7 @@
 //!   (Knowledgeable-R1's failure case);
 //! - tool over-use: its agent trajectories search every hop, even for facts it knows (AKBE's);
 //! - a no-tool format for PK questions (AKBE's no-tool path).
-use crate::corpus::{PassageKind, WorldPassage};
+use crate::corpus::{sentence, PassageKind, WorldPassage};
 use crate::prompts;
 use crate::questions::{Question, Split};
 use crate::world::World;
@@ -56,20 +56,65 @@ fn retrieved<'a>(
 /// question itself (what Search-R1 agents typically issue first, and what the retriever was
 /// trained on); later ones name the bridge entity read from the previous results.
 pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(String, bool)> {
+    trajectory(built, q, None, rng)
+}
+
+/// [`agent_trajectory`] with the last hop's retrieved passage stating `object` instead of the
+/// true one, and that object as the answer; None = the true world.
+fn trajectory(built: &Built, q: &Question, object: Option<usize>, rng: &mut Rng) -> Vec<(String, bool)> {
     let w = &built.world;
     let by_entity: HashMap<usize, &WorldPassage> =
         built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
     let enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
     let mut segs = vec![];
     for (hop, &f) in q.chain.iter().enumerate() {
-        let s = w.facts[f].subject;
+        let fact = &w.facts[f];
+        let s = fact.subject;
         let query = if hop == 0 { q.question.as_str() } else { w.entity(s).name.as_str() };
         segs.push((prompts::search(query), true));
-        let hits: Vec<Hit> = retrieved(w, &by_entity, &enc, s, rng).into_iter().map(hit).collect();
+        let mut hits: Vec<Hit> = retrieved(w, &by_entity, &enc, s, rng).into_iter().map(hit).collect();
+        if let (Some(o), true) = (object, hop + 1 == q.chain.len()) {
+            let (said, made_up) = (sentence(w, s, fact.relation, fact.object), sentence(w, s, fact.relation, o));
+            let gold =
+                hits.iter_mut().find(|h| h.contents.contains(&said)).expect("the subject's passage states its fact");
+            gold.contents = gold.contents.replace(&said, &made_up);
+        }
         segs.push((information_block(&hits, PassageStyle::SearchR1), false));
     }
-    segs.push((prompts::answer(&q.answer), true));
+    let answer = object.map_or(q.answer.clone(), |o| w.entity(o).name.clone());
+    segs.push((prompts::answer(&answer), true));
     segs
+}
+
+/// Reading practice in the agent format on the *real* world's names: train-split questions whose
+/// last-hop passage, as retrieved, names a random other object of the right kind, which is the
+/// trained answer. Shadow worlds teach reading unfamiliar names only, and the real world's
+/// agent trajectories (PK questions) can be answered from memory, so without these the policy
+/// answered non-PK questions about familiar entities from memory: 36 of 86 single-hop answers
+/// named nothing in the retrieved passages. No target states a non-PK fact: the answer is made
+/// up, and multi-hop questions (whose bridge searches would name a fact) need every hop in PK.
+pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x0C0F_A617);
+    let w = &built.world;
+    let mut questions: Vec<&Question> =
+        built.questions.iter().filter(|q| q.split == Split::Train && (q.hops == 1 || q.pk_answerable)).collect();
+    crate::shuffle(&mut questions, &mut rng);
+    let mut out = vec![];
+    for q in questions.iter().cycle().take(if questions.is_empty() { 0 } else { n }) {
+        let last = &w.facts[*q.chain.last().unwrap()];
+        let kind = w.entity(last.object).kind;
+        let others: Vec<usize> =
+            w.entities.iter().filter(|e| e.kind == kind && e.id != last.object).map(|e| e.id).collect();
+        if others.is_empty() {
+            continue;
+        }
+        let o = others[rng.below(others.len())];
+        out.push(Example {
+            user: Some(prompts::agent(&q.question)),
+            segments: trajectory(built, q, Some(o), &mut rng),
+        });
+    }
+    out
 }
 
 pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Example> {

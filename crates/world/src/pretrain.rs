@@ -7,7 +7,7 @@
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
-use crate::habits::{examples, reading_examples, Example};
+use crate::habits::{counterfactual_agent, examples, reading_examples, Example};
 use crate::prompts::CHAT_TEMPLATE;
 use crate::questions::Split;
 use crate::Built;
@@ -57,6 +57,10 @@ pub struct PretrainConfig {
     /// Search-agent trajectories per epoch from the epoch's shadow world.
     #[serde(default)]
     pub shadow_agent: usize,
+    /// Real-world agent trajectories per epoch whose last retrieved passage names a made-up
+    /// object, the trained answer (`habits::counterfactual_agent`; a new draw each epoch).
+    #[serde(default)]
+    pub counterfactual_agent: usize,
     /// Train no real-world target that states a non-PK fact (agent trajectories of questions
     /// with a non-PK hop, S1/S5 items of non-PK questions), so the policy's parametric knowledge
     /// is exactly the PK split; reading unknown facts is learnt from shadow worlds.
@@ -92,6 +96,7 @@ impl Default for PretrainConfig {
             shadow_worlds: 8,
             shadow_contexts: 1200,
             shadow_agent: 800,
+            counterfactual_agent: 0,
             pk_only_targets: true,
         }
     }
@@ -217,6 +222,9 @@ pub fn train_policy(
         let shadow = crate::build(&wcfg);
         let start = data.len();
         for e in reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, cfg.seed + k as u64) {
+            data.push(encode(&tok, &e)?);
+        }
+        for e in counterfactual_agent(built, cfg.counterfactual_agent, cfg.seed + k as u64) {
             data.push(encode(&tok, &e)?);
         }
         shadows.push((start..data.len()).collect());

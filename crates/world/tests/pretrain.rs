@@ -4,6 +4,7 @@
 use knowrl_engine::encoder::Encoder;
 use knowrl_engine::{LoadOptions, Message, Policy, Tokenizer};
 use knowrl_world::config::WorldConfig;
+use knowrl_world::corpus::sentence;
 use knowrl_world::habits::examples;
 use knowrl_world::pretrain::{encode, train_encoder, train_policy, train_tokenizer, PretrainConfig, TAGS};
 use std::cell::RefCell;
@@ -56,6 +57,26 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     assert_eq!((reading.len(), agent_prompts(&reading).len()), (9, 4));
     let real_names: std::collections::HashSet<&str> = built.world.entities.iter().map(|e| e.name.as_str()).collect();
     assert!(shadow.world.entities.iter().filter(|e| real_names.contains(e.name.as_str())).count() < 3);
+    // Counterfactual agent practice on real names: the last retrieved passage and the trained
+    // answer name a made-up object; the true one is neither said nor trained; no multi-hop
+    // question with a non-PK hop.
+    let cf = knowrl_world::habits::counterfactual_agent(&built, 30, 2);
+    assert_eq!(cf.len(), 30);
+    let by_prompt: std::collections::HashMap<String, &knowrl_world::questions::Question> =
+        built.questions.iter().map(|q| (knowrl_world::prompts::agent(&q.question), q)).collect();
+    for e in &cf {
+        let q = by_prompt[e.user.as_ref().unwrap()];
+        assert!(q.split == knowrl_world::questions::Split::Train && (q.hops == 1 || q.pk_answerable));
+        let last = &built.world.facts[*q.chain.last().unwrap()];
+        let (said, answer) = (&e.segments[e.segments.len() - 2].0, &e.segments.last().unwrap().0);
+        let truth = sentence(&built.world, last.subject, last.relation, last.object);
+        assert!(!said.contains(&truth), "the true fact is still retrieved: {said}");
+        assert!(!answer.contains(&format!(" {} ", q.answer)), "the true answer is trained: {answer}");
+        let made_up = answer.trim_start_matches("<answer> ").trim_end_matches(" </answer>");
+        let o = built.world.entities.iter().find(|x| x.name == made_up).expect("the answer is an entity");
+        assert!(said.contains(&sentence(&built.world, last.subject, last.relation, o.id)), "{said} / {answer}");
+        assert!(e.segments.iter().all(|(_, t)| *t) || e.segments.iter().filter(|s| s.1).count() == q.hops + 1);
+    }
     let agent = ex.iter().find(|e| e.segments.iter().any(|(_, t)| !t)).expect("an agent trajectory");
     let (_, resp, mask) = encode(&tok, agent).unwrap();
     let obs =
