@@ -67,6 +67,11 @@ pub struct PretrainArgs {
     /// World directory from `knowrl world build`.
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
+    /// Pretraining recipe (TOML, the fields of PretrainConfig; unknown fields are errors).
+    /// Default: WORLD/pretrain.toml when it exists (every run writes its recipe there), else
+    /// the built-in defaults. The flags below override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Policy epochs (default from PretrainConfig).
     #[arg(long)]
     pub epochs: Option<usize>,
@@ -108,7 +113,15 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
     let cfg_path = a.world.join("config.toml");
     let wcfg = WorldConfig::load(&cfg_path)?;
     let built = knowrl_world::build(&wcfg);
-    let mut pc = PretrainConfig::default();
+    let recipe = a.config.clone().unwrap_or_else(|| a.world.join("pretrain.toml"));
+    let mut pc = if a.config.is_some() || recipe.exists() {
+        let text = std::fs::read_to_string(&recipe).with_context(|| format!("reading {}", recipe.display()))?;
+        toml::from_str::<PretrainConfig>(&text)
+            .with_context(|| format!("{}: not a pretraining recipe", recipe.display()))?
+    } else {
+        PretrainConfig::default()
+    };
+    eprintln!("recipe: {}", if recipe.exists() { recipe.display().to_string() } else { "built-in defaults".into() });
     if let Some(e) = a.epochs {
         pc.epochs = e;
     }

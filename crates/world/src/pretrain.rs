@@ -51,6 +51,12 @@ pub struct PretrainConfig {
     /// non-PK questions ~0.2).
     #[serde(default)]
     pub shadow_worlds: usize,
+    /// Index of the first shadow world. A run continued with `--init` should start past the
+    /// worlds its init was trained on: a tiny policy memorises the names of worlds it has seen
+    /// (copying the question into the first search fell to 0.00 on an unseen shadow world
+    /// after 8 worlds had been cycled for ~50 epochs).
+    #[serde(default)]
+    pub shadow_first: usize,
     /// Context-reading items (S1/S2/S5) per epoch from the epoch's shadow world.
     #[serde(default)]
     pub shadow_contexts: usize,
@@ -94,6 +100,7 @@ impl Default for PretrainConfig {
             fact_repeats: 3,
             context_examples: 1500,
             shadow_worlds: 8,
+            shadow_first: 0,
             shadow_contexts: 1200,
             shadow_agent: 800,
             counterfactual_agent: 0,
@@ -217,7 +224,7 @@ pub fn train_policy(
     let base: Vec<usize> = (0..data.len()).collect();
     // Epoch e trains on the base examples plus shadow world e mod shadow_worlds.
     let mut shadows: Vec<Vec<usize>> = vec![];
-    for k in 0..cfg.shadow_worlds {
+    for k in cfg.shadow_first..cfg.shadow_first + cfg.shadow_worlds {
         let wcfg = crate::WorldConfig { seed: shadow_seed(built.config.seed, k), ..built.config.clone() };
         let shadow = crate::build(&wcfg);
         let start = data.len();

@@ -1,0 +1,28 @@
+//! The binary's contract on bad input: a message naming the file and field, exit code 2.
+use std::process::Command;
+
+fn knowrl(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_knowrl")).args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+#[test]
+fn a_bad_pretraining_recipe_is_named_and_exits_2() {
+    let dir = std::env::temp_dir().join(format!("knowrl-bad-recipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world/config.toml");
+    std::fs::copy(assets, dir.join("config.toml")).unwrap();
+    std::fs::write(dir.join("pretrain.toml"), "epochs = 2\nshadow_agnet = 3\n").unwrap();
+    let (code, err) = knowrl(&["world", "pretrain", "--world", dir.to_str().unwrap(), "--policy-only"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("pretrain.toml") && err.contains("line 2") && err.contains("shadow_agnet"), "{err}");
+    // Nothing was trained or written over.
+    assert!(!dir.join("policy").exists());
+}
+
+#[test]
+fn a_missing_model_directory_is_named_and_exits_2() {
+    let (code, err) = knowrl(&["eval", "--model", "/nonexistent/model", "--suite", "nq"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/model") && err.matches("not a model directory").count() == 1, "{err}");
+}
