@@ -69,7 +69,7 @@ enum Cmd {
 /// Keeps freed tensor memory in the process instead of returning it to the kernel. glibc serves
 /// every allocation over 32 MB (logits, activations) with a fresh mmap, and each first touch of
 /// those pages faults: on the 2-core VM that was ~20% of a GRPO step's forward and backward
-/// (sys 24 s of 112 s). Not for `serve`. The heap then stays at its peak, as PyTorch's caching allocators do;
+/// (sys 24 s of 112 s). The heap then stays at its peak, as PyTorch's caching allocators do;
 /// PyTorch's CPU tuning guide gets the same effect by preloading jemalloc or tcmalloc.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

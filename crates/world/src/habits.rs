@@ -100,11 +100,12 @@ pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> 
         built.questions.iter().filter(|q| q.split == Split::Train && (q.hops == 1 || q.pk_answerable)).collect();
     crate::shuffle(&mut questions, &mut rng);
     let mut out = vec![];
-    for q in questions.iter().cycle().take(if questions.is_empty() { 0 } else { n }) {
+    let mut by_kind: HashMap<_, Vec<usize>> = HashMap::new();
+    w.entities.iter().for_each(|e| by_kind.entry(e.kind).or_default().push(e.id));
+    for q in questions.iter().cycle().take(n) {
         let last = &w.facts[*q.chain.last().unwrap()];
-        let kind = w.entity(last.object).kind;
         let others: Vec<usize> =
-            w.entities.iter().filter(|e| e.kind == kind && e.id != last.object).map(|e| e.id).collect();
+            by_kind[&w.entity(last.object).kind].iter().copied().filter(|&e| e != last.object).collect();
         if others.is_empty() {
             continue;
         }
@@ -201,7 +202,7 @@ pub fn reading_examples(shadow: &Built, contexts: usize, agent: usize, seed: u64
         });
     }
     // More trajectories than questions revisit them with other distractors and orders.
-    for q in questions.iter().cycle().take(if questions.is_empty() { 0 } else { agent }) {
+    for q in questions.iter().cycle().take(agent) {
         out.push(Example { user: Some(prompts::agent(&q.question)), segments: agent_trajectory(shadow, q, &mut rng) });
     }
     out
