@@ -74,10 +74,7 @@ fn trajectory(built: &Built, q: &Question, object: Option<usize>, rng: &mut Rng)
         segs.push((prompts::search(query), true));
         let mut hits: Vec<Hit> = retrieved(w, &by_entity, &enc, s, rng).into_iter().map(hit).collect();
         if let (Some(o), true) = (object, hop + 1 == q.chain.len()) {
-            let (said, made_up) = (sentence(w, s, fact.relation, fact.object), sentence(w, s, fact.relation, o));
-            let gold =
-                hits.iter_mut().find(|h| h.contents.contains(&said)).expect("the subject's passage states its fact");
-            gold.contents = gold.contents.replace(&said, &made_up);
+            restate(w, f, o, hits.iter_mut().map(|h| &mut h.contents));
         }
         segs.push((information_block(&hits, PassageStyle::SearchR1), false));
     }
@@ -100,22 +97,71 @@ pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> 
         built.questions.iter().filter(|q| q.split == Split::Train && (q.hops == 1 || q.pk_answerable)).collect();
     crate::shuffle(&mut questions, &mut rng);
     let mut out = vec![];
-    let mut by_kind: HashMap<_, Vec<usize>> = HashMap::new();
-    w.entities.iter().for_each(|e| by_kind.entry(e.kind).or_default().push(e.id));
+    let by_kind = by_kind(w);
     for q in questions.iter().cycle().take(n) {
-        let last = &w.facts[*q.chain.last().unwrap()];
-        let others: Vec<usize> =
-            by_kind[&w.entity(last.object).kind].iter().copied().filter(|&e| e != last.object).collect();
-        if others.is_empty() {
-            continue;
-        }
-        let o = others[rng.below(others.len())];
+        let Some(o) = made_up_object(w, &by_kind, *q.chain.last().unwrap(), &mut rng) else { continue };
         out.push(Example {
             user: Some(prompts::agent(&q.question)),
             segments: trajectory(built, q, Some(o), &mut rng),
         });
     }
     out
+}
+
+/// The same practice in the S1 format: train-split correct-context items (single- and multi-hop,
+/// gold passages in hop order) whose last-hop sentence names a random other object of the right
+/// kind, which is the trained answer; a new draw per call. The world's S2 items cannot do this:
+/// each states one fixed counterfactual in a short "made-up source" passage, so a policy can
+/// memorise them, and S1 items of non-PK questions are not trained (`pk_only_targets`): the
+/// shipped policy read 29 of its 32 S1 test misses on non-PK questions as a popular name from
+/// memory ("Thaishisilholm" for "Zaibabriholm").
+pub fn counterfactual_context(built: &Built, n: usize, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x0C0F_C7E7);
+    let w = &built.world;
+    let question: HashMap<&str, &Question> = built.questions.iter().map(|q| (q.id.as_str(), q)).collect();
+    let mut items: Vec<_> = built.scenarios.iter().filter(|s| s.split == Split::Train && s.scenario == "S1").collect();
+    crate::shuffle(&mut items, &mut rng);
+    let by_kind = by_kind(w);
+    let mut out = vec![];
+    for s in items.iter().cycle().take(n) {
+        let last = *question[s.question_id.as_str()].chain.last().unwrap();
+        let Some(o) = made_up_object(w, &by_kind, last, &mut rng) else { continue };
+        let mut context = s.context.clone();
+        restate(w, last, o, context.iter_mut());
+        out.push(Example {
+            user: Some(prompts::with_context(&s.question, &context)),
+            segments: vec![(prompts::answer(&w.entity(o).name), true)],
+        });
+    }
+    out
+}
+
+/// Entity ids by kind.
+fn by_kind(w: &World) -> HashMap<crate::world::Kind, Vec<usize>> {
+    let mut by_kind: HashMap<_, Vec<usize>> = HashMap::new();
+    w.entities.iter().for_each(|e| by_kind.entry(e.kind).or_default().push(e.id));
+    by_kind
+}
+
+/// A random entity of the kind of `fact`'s object, other than that object (None if it has no
+/// kin).
+fn made_up_object(
+    w: &World,
+    by_kind: &HashMap<crate::world::Kind, Vec<usize>>,
+    fact: usize,
+    rng: &mut Rng,
+) -> Option<usize> {
+    let truth = w.facts[fact].object;
+    let others: Vec<usize> = by_kind[&w.entity(truth).kind].iter().copied().filter(|&e| e != truth).collect();
+    (!others.is_empty()).then(|| others[rng.below(others.len())])
+}
+
+/// Rewrites the passage among `texts` that states `fact` to state `object` instead.
+fn restate<'a>(w: &World, fact: usize, object: usize, mut texts: impl Iterator<Item = &'a mut String>) {
+    let f = &w.facts[fact];
+    let (said, made_up) = (sentence(w, f.subject, f.relation, f.object), sentence(w, f.subject, f.relation, object));
+    let gold = texts.find(|t| t.contains(&said)).expect("the subject's passage states its fact");
+    *gold = gold.replace(&said, &made_up);
 }
 
 pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Example> {

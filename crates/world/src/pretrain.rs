@@ -7,7 +7,7 @@
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
-use crate::habits::{counterfactual_agent, examples, reading_examples, Example};
+use crate::habits::{counterfactual_agent, counterfactual_context, examples, reading_examples, Example};
 use crate::prompts::CHAT_TEMPLATE;
 use crate::questions::Split;
 use crate::Built;
@@ -67,6 +67,11 @@ pub struct PretrainConfig {
     /// object, the trained answer (`habits::counterfactual_agent`; a new draw each epoch).
     #[serde(default)]
     pub counterfactual_agent: usize,
+    /// Real-world S1 items per epoch whose last-hop sentence names a made-up object, the trained
+    /// answer (`habits::counterfactual_context`; a new draw each epoch): reading practice on the
+    /// real names in the context format.
+    #[serde(default)]
+    pub counterfactual_contexts: usize,
     /// Train no real-world target that states a non-PK fact (agent trajectories of questions
     /// with a non-PK hop, S1/S5 items of non-PK questions), so the policy's parametric knowledge
     /// is exactly the PK split; reading unknown facts is learnt from shadow worlds.
@@ -104,6 +109,7 @@ impl Default for PretrainConfig {
             shadow_contexts: 1200,
             shadow_agent: 800,
             counterfactual_agent: 0,
+            counterfactual_contexts: 0,
             pk_only_targets: true,
         }
     }
@@ -231,7 +237,12 @@ pub fn train_policy(
         for e in reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, cfg.seed + k as u64) {
             data.push(encode(&tok, &e)?);
         }
-        for e in counterfactual_agent(built, cfg.counterfactual_agent, cfg.seed + k as u64) {
+        let seed = cfg.seed + k as u64;
+        for e in counterfactual_agent(built, cfg.counterfactual_agent, seed).into_iter().chain(counterfactual_context(
+            built,
+            cfg.counterfactual_contexts,
+            seed,
+        )) {
             data.push(encode(&tok, &e)?);
         }
         shadows.push((start..data.len()).collect());

@@ -19,9 +19,8 @@ fn small() -> WorldConfig {
 fn tokenizer_policy_and_retriever_pretrain_and_load() {
     tch::set_num_threads(2);
     let built = knowrl_world::build(&small());
-    let dir = std::env::temp_dir().join(format!("knowrl-pretrain-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (pdir, edir) = (dir.join("policy"), dir.join("encoder"));
+    let dir = tempfile::Builder::new().prefix("knowrl-pretrain-").tempdir().unwrap();
+    let (pdir, edir) = (dir.path().join("policy"), dir.path().join("encoder"));
     train_tokenizer(&built, 600, &pdir, &edir).unwrap();
     let tok = Tokenizer::from_dir(&pdir).unwrap();
     for t in TAGS {
@@ -77,6 +76,54 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
         assert!(said.contains(&sentence(&built.world, last.subject, last.relation, o.id)), "{said} / {answer}");
         assert!(e.segments.iter().all(|(_, t)| *t) || e.segments.iter().filter(|s| s.1).count() == q.hops + 1);
     }
+    // The same in the S1 format: the train item's context with its last-hop sentence naming a
+    // made-up object of the right kind, which is the only trained text; the other passages as
+    // they were; a new draw per seed.
+    let s1: std::collections::HashMap<String, &knowrl_world::suites::ScenarioItem> = built
+        .scenarios
+        .iter()
+        .filter(|s| s.scenario == "S1")
+        .map(|s| (knowrl_world::prompts::with_context(&s.question, &s.context), s))
+        .collect();
+    let (cc, cc2) = (
+        knowrl_world::habits::counterfactual_context(&built, 40, 2),
+        knowrl_world::habits::counterfactual_context(&built, 40, 3),
+    );
+    assert_eq!(cc.len(), 40);
+    assert_ne!(cc, cc2);
+    let q_of: std::collections::HashMap<&str, &knowrl_world::questions::Question> =
+        built.questions.iter().map(|q| (q.id.as_str(), q)).collect();
+    let mut multi_hop = 0;
+    for e in &cc {
+        let (user, answer) = (e.user.as_ref().unwrap(), &e.segments[0].0);
+        assert_eq!(e.segments.len(), 1);
+        assert!(!s1.contains_key(user), "the context is unchanged: {user}");
+        let made_up = answer.trim_start_matches("<answer> ").trim_end_matches(" </answer>");
+        let o = built.world.entities.iter().find(|x| x.name == made_up).expect("the answer is an entity");
+        // The S1 item it came from: same question, contexts differing in exactly one passage.
+        let item = built
+            .scenarios
+            .iter()
+            .filter(|s| s.scenario == "S1" && s.split == knowrl_world::questions::Split::Train)
+            .find(|s| {
+                user.contains(&format!("Question: {}", s.question)) && {
+                    let mut ctx = s.context.clone();
+                    let q = q_of[s.question_id.as_str()];
+                    let last = &built.world.facts[*q.chain.last().unwrap()];
+                    let (t, m) = (
+                        sentence(&built.world, last.subject, last.relation, last.object),
+                        sentence(&built.world, last.subject, last.relation, o.id),
+                    );
+                    ctx.iter_mut().for_each(|c| *c = c.replace(&t, &m));
+                    o.id != last.object
+                        && o.kind == built.world.entity(last.object).kind
+                        && knowrl_world::prompts::with_context(&s.question, &ctx) == *user
+                }
+            })
+            .expect("an S1 train item with its last-hop sentence restated");
+        multi_hop += (item.hops > 1) as usize;
+    }
+    assert!(multi_hop > 0 && multi_hop < cc.len(), "both variants are drawn: {multi_hop}");
     let agent = ex.iter().find(|e| e.segments.iter().any(|(_, t)| !t)).expect("an agent trajectory");
     let (_, resp, mask) = encode(&tok, agent).unwrap();
     let obs =
