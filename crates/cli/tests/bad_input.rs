@@ -18,6 +18,7 @@ fn a_bad_pretraining_recipe_is_named_and_exits_2() {
     assert!(err.contains("pretrain.toml") && err.contains("line 2") && err.contains("shadow_agnet"), "{err}");
     // Nothing was trained or written over.
     assert!(!dir.join("policy").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

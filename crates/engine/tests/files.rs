@@ -9,7 +9,7 @@ use knowrl_engine::score::{score, score_packed, score_shared, ScoreRequest};
 use knowrl_engine::weights::{read_all, write_atomic};
 use knowrl_engine::{EngineError, LoadOptions, LoraConfig, Mode, Policy, Tokenizer};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tch::{Kind, Tensor};
 
 fn tiny_config() -> Value {
@@ -25,7 +25,7 @@ fn tiny_policy(lora: Option<LoraConfig>) -> Policy {
 }
 
 /// A random model directory with the SmolLM2 tokenizer files (only the tokenizer matters here).
-fn model_dir(tag: &str) -> PathBuf {
+fn model_dir(tag: &str) -> TmpDir {
     let d = tmpdir(tag);
     let smol = real_model("smollm2-135m-instruct");
     for f in ["tokenizer.json", "tokenizer_config.json"] {

@@ -192,6 +192,7 @@ mod tests {
         assert!(e.ends_with("d.jsonl:1: neither a FlashRAG row (`question`) nor a Search-R1 row (`prompt`)"), "{e}");
         std::fs::write(&f, "{\"question\":\"q\",\"golden_answers\":[1]}\n").unwrap();
         assert!(jsonl_tasks(&f).unwrap_err().contains("d.jsonl:1: `golden_answers` must be strings"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -211,5 +212,6 @@ mod tests {
         std::fs::write(&bad, "{\"question\":\"q\"}\n").unwrap();
         let e = jsonl_tasks(&bad).unwrap_err();
         assert!(e.contains("train.parquet: not a readable parquet file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

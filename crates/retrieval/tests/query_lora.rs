@@ -25,11 +25,10 @@ fn query_lora_trains_through_candidate_scores_only() {
     let (mut passages, qs) = hotpotqa_ircot(&data).unwrap();
     passages.truncate(60);
     let corpus = Arc::new(Corpus::Memory(passages));
-    let dir = std::env::temp_dir().join(format!("knowrl-qlora-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = tempfile::Builder::new().prefix("knowrl-qlora-").tempdir().unwrap();
     let lora = LoraConfig { rank: 8, alpha: 8.0, dropout: 0.0, target_modules: vec!["query".into(), "value".into()] };
     let enc = Encoder::load(&minilm(), &LoadOptions { lora: Some(lora.clone()), ..Default::default() }).unwrap();
-    let flat = build_flat(&enc, &corpus, &dir.join("dense"), VecDtype::F32, 32, |_, _| {}).unwrap();
+    let flat = build_flat(&enc, &corpus, &dir.path().join("dense"), VecDtype::F32, 32, |_, _| {}).unwrap();
     let index_before = flat.rows(0, corpus.len()).copy();
     let r = DenseRetriever::new(enc, DenseIndex::Flat(flat), corpus.clone());
     let queries: Vec<String> = qs[..4].iter().map(|q| q.question.clone()).collect();
@@ -83,7 +82,7 @@ fn query_lora_trains_through_candidate_scores_only() {
     let flat = r.index.flat();
     assert!(flat.rows(0, corpus.len()).equal(&index_before));
     // Adapter round trip: a fresh encoder with the saved adapter embeds queries identically.
-    let path = dir.join("adapter.safetensors");
+    let path = dir.path().join("adapter.safetensors");
     r.encoder.lock().unwrap().save_adapter(&path).unwrap();
     let fresh = Encoder::load(&minilm(), &LoadOptions { lora: Some(lora), ..Default::default() }).unwrap();
     fresh.load_adapter(&path).unwrap();

@@ -71,4 +71,6 @@ fn minilm_bm25_hybrid_recall_on_hotpotqa_ircot() {
             assert!(*g >= floor(f), "{name}: {g} < first measured {f} - 0.02");
         }
     }
+    drop(hybrid); // the BM25 index holds files in `dir`
+    let _ = std::fs::remove_dir_all(&dir);
 }

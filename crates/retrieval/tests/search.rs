@@ -11,11 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
 
-fn tmp(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("knowrl-retr-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when dropped.
+fn tmp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("knowrl-retr-{tag}-")).tempdir().unwrap()
 }
 
 /// Brute force with f64 dot products in plain Rust: independent of the tensor code path.
@@ -60,9 +58,14 @@ fn flat_search_is_exact_against_brute_force() {
     }
     // On-disk round trip through the writer gives the same results.
     let dir = tmp("flat");
-    let mut w =
-        knowrl_retrieval::flat::FlatWriter::create_or_resume(&dir, n, dim, VecDtype::F32, serde_json::Value::Null)
-            .unwrap();
+    let mut w = knowrl_retrieval::flat::FlatWriter::create_or_resume(
+        dir.path(),
+        n,
+        dim,
+        VecDtype::F32,
+        serde_json::Value::Null,
+    )
+    .unwrap();
     let rows: Vec<usize> = (0..n).rev().collect(); // out of order on purpose
     w.write_rows(&rows, &vecs.flip([0])).unwrap();
     let disk = w.finish().unwrap();
@@ -86,7 +89,8 @@ fn hnsw_recall_at_10_is_at_least_095() {
     println!("hnsw recall@10 = {recall:.4}");
     assert!(recall >= 0.95, "recall@10 {recall}");
     // Save + mmap view answers the same.
-    let p = tmp("hnsw").join("h.usearch");
+    let dir = tmp("hnsw");
+    let p = dir.path().join("h.usearch");
     h.save(&p).unwrap();
     let viewed = Hnsw::view(&p, dim as usize, HnswParams { f16: false, ..Default::default() }).unwrap();
     assert_eq!(viewed.search(&q, 10).unwrap().1, approx);
@@ -95,7 +99,7 @@ fn hnsw_recall_at_10_is_at_least_095() {
 #[test]
 fn broken_corpus_lines_report_file_and_line() {
     let d = tmp("corpus");
-    let f = d.join("c.jsonl");
+    let f = d.path().join("c.jsonl");
     std::fs::write(&f, "{\"id\": \"0\", \"contents\": \"\\\"A\\\"\\nx\"}\n\n{\"id\": \"1\", \"contents\": \"\\\"B\\\"\\ny\"}\n{\"id\": 2, broken\n{\"id\": \"3\"}\n").unwrap();
     match read_corpus(&f, false) {
         Err(e @ RetrievalError::BadLine { line: 4, .. }) => assert!(e.to_string().contains("c.jsonl:4")),
@@ -130,7 +134,7 @@ fn toy_corpus() -> Arc<Corpus> {
 #[test]
 fn bm25_ranks_the_matching_passage_first_and_tolerates_query_syntax() {
     let d = tmp("bm25");
-    let b = Bm25::build(&d.join("bm25"), toy_corpus(), |_| {}).unwrap();
+    let b = Bm25::build(&d.path().join("bm25"), toy_corpus(), |_| {}).unwrap();
     let r = b
         .search(
             &["capital of France?".into(), "where was \"Ada\" born: (London)".into(), "cells' powerhouses".into()],
@@ -142,14 +146,14 @@ fn bm25_ranks_the_matching_passage_first_and_tolerates_query_syntax() {
     assert_eq!(r[2][0].id, "p2", "stemming: cells/powerhouses match cell/powerhouse");
     assert!(r[0][0].score > r[0][1].score);
     // Reopening checks the document count against the corpus.
-    assert!(Bm25::open(&d.join("bm25"), toy_corpus()).is_ok());
+    assert!(Bm25::open(&d.path().join("bm25"), toy_corpus()).is_ok());
     let smaller = Arc::new(Corpus::Memory(vec![Passage::new("x", "X", "x")]));
-    assert!(matches!(Bm25::open(&d.join("bm25"), smaller), Err(RetrievalError::Index { .. })));
+    assert!(matches!(Bm25::open(&d.path().join("bm25"), smaller), Err(RetrievalError::Index { .. })));
 }
 
 fn start_server(cfg: ServerConfig) -> (String, std::sync::mpsc::Sender<()>) {
     let d = tmp("server");
-    let b: Arc<dyn Retriever> = Arc::new(Bm25::build(&d.join("bm25"), toy_corpus(), |_| {}).unwrap());
+    let b: Arc<dyn Retriever> = Arc::new(Bm25::build(&d.path().join("bm25"), toy_corpus(), |_| {}).unwrap());
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
@@ -162,6 +166,7 @@ fn start_server(cfg: ServerConfig) -> (String, std::sync::mpsc::Sender<()>) {
             };
             serve(l, b, cfg, stop).await.unwrap();
         });
+        drop(d); // the index directory lives as long as the server
     });
     (addr_rx.recv().unwrap(), stop_tx)
 }

@@ -62,4 +62,5 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     let metrics = std::fs::read_to_string(base.join("b/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 2);
     assert_eq!(std::fs::read_to_string(base.join("b/eval.jsonl")).unwrap(), "{\"step\":1,\"em\":0.1}\n");
+    let _ = std::fs::remove_dir_all(&base);
 }

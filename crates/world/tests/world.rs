@@ -11,28 +11,27 @@ fn small() -> WorldConfig {
     common::small(80, 20, 20, 10, 4)
 }
 
-fn tmp(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("knowrl-world-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A scratch directory, removed when dropped.
+fn tmp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("knowrl-world-{tag}-")).tempdir().unwrap()
 }
 
 #[test]
 fn same_seed_same_bytes_different_seed_differs() {
     let c = small();
     let (a, b) = (tmp("a"), tmp("b"));
-    knowrl_world::build(&c).write(&a).unwrap();
-    knowrl_world::build(&c).write(&b).unwrap();
+    knowrl_world::build(&c).write(a.path()).unwrap();
+    knowrl_world::build(&c).write(b.path()).unwrap();
     let files = ["config.toml", "world.json", "corpus.jsonl", "passages.jsonl", "questions.jsonl", "scenarios.jsonl"];
     for f in files {
-        assert_eq!(std::fs::read(a.join(f)).unwrap(), std::fs::read(b.join(f)).unwrap(), "{f}");
+        assert_eq!(std::fs::read(a.path().join(f)).unwrap(), std::fs::read(b.path().join(f)).unwrap(), "{f}");
     }
     let mut c2 = c.clone();
     c2.seed += 1;
     let d = tmp("c");
-    knowrl_world::build(&c2).write(&d).unwrap();
+    knowrl_world::build(&c2).write(d.path()).unwrap();
     for f in ["world.json", "corpus.jsonl", "questions.jsonl"] {
-        assert_ne!(std::fs::read(a.join(f)).unwrap(), std::fs::read(d.join(f)).unwrap(), "{f}");
+        assert_ne!(std::fs::read(a.path().join(f)).unwrap(), std::fs::read(d.path().join(f)).unwrap(), "{f}");
     }
 }
 
@@ -165,9 +164,9 @@ fn the_shipped_world_is_what_build_writes_from_its_config() {
     let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world");
     let c = WorldConfig::load(&assets.join("config.toml")).unwrap();
     let out = tmp("shipped");
-    knowrl_world::build(&c).write(&out).unwrap();
+    knowrl_world::build(&c).write(out.path()).unwrap();
     for f in ["config.toml", "world.json", "corpus.jsonl", "passages.jsonl", "questions.jsonl", "scenarios.jsonl"] {
-        let same = std::fs::read(out.join(f)).unwrap() == std::fs::read(assets.join(f)).unwrap();
+        let same = std::fs::read(out.path().join(f)).unwrap() == std::fs::read(assets.join(f)).unwrap();
         assert!(
             same,
             "assets/world/{f} differs from a fresh build: run `knowrl world build --config assets/world/config.toml`"
