@@ -76,7 +76,7 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor, mode: Mode) -> Tensor {
-        let y = x.linear(&self.weight, self.bias.as_ref());
+        let y = linear(x, &self.weight, self.bias.as_ref());
         match &self.lora {
             Some(l) if mode.adapters => {
                 let x = if mode.train && l.dropout > 0.0 { x.dropout(l.dropout, true) } else { x.shallow_clone() };
@@ -92,6 +92,24 @@ impl Linear {
             Some(l) => &self.weight + l.b.matmul(&l.a).to_kind(self.weight.kind()) * l.scale,
             None => self.weight.shallow_clone(),
         }
+    }
+}
+
+/// x·Wᵀ + b. For a decode step's few rows of f32 on CPU it is computed as (W·xᵀ)ᵀ, which MKL
+/// runs faster: 32 sampled rows of SmolLM2-135M generate 64 tokens in 10.1 s instead of 11.4 s
+/// (3 alternating runs each, libtorch 2.11, 2 cores). Same values up to summation order.
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    let d = x.size()[x.dim() - 1];
+    let rows = x.numel() as i64 / d.max(1);
+    if rows > 64 || x.device() != tch::Device::Cpu || x.kind() != tch::Kind::Float || x.dim() < 2 {
+        return x.linear(w, bias);
+    }
+    let mut shape = x.size();
+    *shape.last_mut().unwrap() = w.size()[0];
+    let y = w.matmul(&x.reshape([rows, d]).tr()).tr().contiguous().view(shape.as_slice());
+    match bias {
+        Some(b) => y + b,
+        None => y,
     }
 }
 
