@@ -234,16 +234,12 @@ pub fn train_policy(
         let wcfg = crate::WorldConfig { seed: shadow_seed(built.config.seed, k), ..built.config.clone() };
         let shadow = crate::build(&wcfg);
         let start = data.len();
-        for e in reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, cfg.seed + k as u64) {
-            data.push(encode(&tok, &e)?);
-        }
         let seed = cfg.seed + k as u64;
-        for e in counterfactual_agent(built, cfg.counterfactual_agent, seed).into_iter().chain(counterfactual_context(
-            built,
-            cfg.counterfactual_contexts,
-            seed,
-        )) {
-            data.push(encode(&tok, &e)?);
+        let reading = reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, seed);
+        let agent = counterfactual_agent(built, cfg.counterfactual_agent, seed);
+        let contexts = counterfactual_context(built, cfg.counterfactual_contexts, seed);
+        for e in reading.iter().chain(&agent).chain(&contexts) {
+            data.push(encode(&tok, e)?);
         }
         shadows.push((start..data.len()).collect());
     }
