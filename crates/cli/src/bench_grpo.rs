@@ -60,6 +60,9 @@ clip_high = 0.2
 kl_coef = 0.0
 aggregation = "token_mean"
 normalisation = "mean_std"
+# Same work as TRL: every row is scored and back-propagated, also those whose group rewards are
+# all equal (knowrl skips them by default: same update, less compute).
+skip_zero_advantage = false
 [reward]
 name = "em"
 [optim]

@@ -14,6 +14,7 @@ pub mod optim;
 pub mod policy;
 pub mod sampling;
 pub mod score;
+pub mod small_gemm;
 pub mod tokenizer;
 pub mod weights;
 

@@ -171,10 +171,20 @@ pub struct AlgorithmSection {
     pub kl_estimator: KlEstimator,
     pub aggregation: Aggregation,
     pub normalisation: Normalisation,
+    /// Skip the forward/backward of rows whose advantage (or objective weight) is exactly 0
+    /// when there is no KL term: they add nothing to the gradient, and the loss is divided by
+    /// the whole batch's tokens/sequences either way, so the update is the same (tested).
+    /// Entropy and clip fraction are then averaged over the rows that were scored.
+    #[serde(default = "default_true")]
+    pub skip_zero_advantage: bool,
 }
 
 fn default_kl() -> KlEstimator {
     KlEstimator::LowVar
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

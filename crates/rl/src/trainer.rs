@@ -232,6 +232,7 @@ pub fn train(
         let mut extra = out.metrics.extra.clone();
         extra.insert("score_s".into(), pg.score_s);
         extra.insert("backward_s".into(), pg.backward_s);
+        extra.insert("skipped_rows".into(), pg.skipped_rows as f64);
         if !out.ce.is_empty() {
             extra.insert("ce_nll".into(), ce_backward(policy, &out.ce, out.ce_coef, mb));
         }

@@ -64,3 +64,56 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     assert_eq!(std::fs::read_to_string(base.join("b/eval.jsonl")).unwrap(), "{\"step\":1,\"em\":0.1}\n");
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// Rows with A = 0 or λ = 0 are not scored without a KL term, and the gradient is the same as
+/// scoring them (the loss is divided by the whole batch's tokens either way).
+#[test]
+fn zero_advantage_rows_are_skipped_with_the_same_gradient() {
+    use knowrl_rl::update::{pg_backward, Normaliser, PgRow};
+    tch::set_num_threads(1);
+    let policy = policy();
+    let tok = policy.tokenizer().unwrap();
+    let prompt =
+        |q: &str| tok.encode(&format!("<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"), false).unwrap();
+    let response = |a: &str| tok.encode(&format!("<answer> {a} </answer>"), false).unwrap();
+    let row = |q: &str, a: &str, advantage: f64, weight: f64| {
+        let response = response(a);
+        PgRow { prompt: prompt(q), loss_mask: vec![true; response.len()], response, advantage, weight }
+    };
+    let rows = vec![
+        // A group with unequal rewards, one whose samples all scored the same, a zero-weight row.
+        row("Who founded Vobilford?", "Draitekir", 1.2, 1.0),
+        row("Who founded Vobilford?", "Zaibabriholm", -1.2, 1.0),
+        row("Where was Draitekir born?", "Vobilford", 0.0, 1.0),
+        row("Where was Draitekir born?", "Thaishisilholm", 0.0, 1.0),
+        row("Where was Draitekir born?", "Vobilford", 0.0, 1.0),
+        row("In which country is Vobilford?", "Draitekir", 0.7, 0.0),
+    ];
+    let norm = Normaliser::of(&rows);
+    let grads = |skip: bool, kl: f64| {
+        let mut cfg = config(&std::env::temp_dir().join("knowrl-skip-unused"), 1, "").algorithm;
+        (cfg.skip_zero_advantage, cfg.kl_coef) = (skip, kl);
+        let params = policy.trainable_parameters();
+        for (_, p) in &params {
+            p.shallow_clone().zero_grad();
+        }
+        let st = pg_backward(&policy, None, &rows, norm, &cfg, 1.0, 4);
+        let g: Vec<tch::Tensor> = params.iter().map(|(_, p)| p.grad().copy()).collect();
+        (st, g)
+    };
+    let (full, g_full) = grads(false, 0.0);
+    let (skipped, g_skip) = grads(true, 0.0);
+    assert_eq!((full.skipped_rows, skipped.skipped_rows), (0, 4));
+    assert!((full.loss - skipped.loss).abs() < 1e-6, "{} vs {}", full.loss, skipped.loss);
+    let mut nonzero = 0;
+    for (a, b) in g_full.iter().zip(&g_skip) {
+        // f32 sums over other batch compositions: equal up to rounding (a wrong normaliser
+        // would scale them by the skipped rows' share of tokens).
+        let (diff, norm) = ((a - b).norm().double_value(&[]), a.norm().double_value(&[]));
+        assert!(diff <= 1e-4 * norm + 1e-6, "gradients differ: |Δ| {diff} vs |g| {norm}");
+        nonzero += (a.abs().max().double_value(&[]) > 0.0) as usize;
+    }
+    assert!(nonzero > 0, "the surviving rows must carry a gradient");
+    // With a KL term every row has a gradient: nothing is skipped.
+    assert_eq!(grads(true, 0.1).0.skipped_rows, 0);
+}

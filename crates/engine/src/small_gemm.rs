@@ -1,0 +1,267 @@
+//! y = x·Wᵀ for the few rows of a decode step: f32 on CPU with AVX-512, outside autograd.
+//!
+//! Why not MKL: at ≤ 64 rows MKL's sgemm copies ("packs") every weight matrix on every call,
+//! and a decode step reads every weight of the model once, cold from DRAM. In `perf`, packing
+//! was 25% of generation time and the kernel itself 32%. This kernel reads W once, in place,
+//! row by row, and keeps xᵀ in cache: for SmolLM2-135M at 32 rows the matmuls of one decode
+//! step take ~66 ms instead of ~95 ms (bench/results/grpo.json has the end-to-end effect).
+//!
+//! Shape of the kernel (the classic outer-product micro-kernel, transposed): a tile of NR rows
+//! of W times xᵀ [K, 16·MV] accumulates C[NR, 16·MV] in 24 zmm registers; each k broadcasts one
+//! weight per W row and multiplies it into MV vectors of x. Tiles are split across threads.
+use tch::{Device, Kind, Tensor};
+
+/// Largest row count routed here (4 vectors of 16 rows).
+pub const MAX_ROWS: i64 = 64;
+
+/// x [.., K] · w [N, K]ᵀ when the fast path applies (f32 CPU, ≤ 64 rows, AVX-512, no gradient
+/// needed); `None` otherwise, and the caller uses libtorch.
+pub fn linear(x: &Tensor, w: &Tensor) -> Option<Tensor> {
+    if x.device() != Device::Cpu || x.kind() != Kind::Float || w.kind() != Kind::Float || w.dim() != 2 {
+        return None;
+    }
+    let k = *x.size().last()?;
+    let (n, wk) = (w.size()[0], w.size()[1]);
+    let m = x.numel() as i64 / k.max(1);
+    if wk != k || k == 0 || n == 0 || m == 0 || m > MAX_ROWS || !w.is_contiguous() || needs_grad(x, w) {
+        return None;
+    }
+    if !avx512() {
+        return None;
+    }
+    let x2 = x.reshape([m, k]).contiguous();
+    let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
+    // SAFETY: x2 [m, k], w [n, k] and y [m, n] are contiguous f32 CPU tensors alive for the
+    // call; y is written only here, each thread on its own columns.
+    unsafe {
+        let xs = std::slice::from_raw_parts(x2.data_ptr() as *const f32, (m * k) as usize);
+        let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, (n * k) as usize);
+        gemm(xs, ws, y.data_ptr() as *mut f32, m as usize, n as usize, k as usize);
+    }
+    let mut shape = x.size();
+    *shape.last_mut().unwrap() = n;
+    Some(y.view(shape.as_slice()))
+}
+
+/// True when autograd would need this product: the kernel is invisible to it.
+fn needs_grad(x: &Tensor, w: &Tensor) -> bool {
+    if x.requires_grad() {
+        return true;
+    }
+    if !w.requires_grad() {
+        return false;
+    }
+    // Reads grad mode (set and restore: libtorch's C API has no getter).
+    let enabled = unsafe { torch_sys::at_grad_set_enabled(0) };
+    unsafe { torch_sys::at_grad_set_enabled(enabled) };
+    enabled != 0
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512() -> bool {
+    false
+}
+
+/// y[m, n] = Σ_k x[m, k]·w[n, k]. Caller guarantees AVX-512F and the slice sizes.
+#[cfg(target_arch = "x86_64")]
+unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
+    let mv = m.div_ceil(16);
+    let mp = 16 * mv;
+    // xᵀ, zero-padded to whole vectors of rows: [k, mp].
+    let mut xt = vec![0f32; k * mp];
+    for (i, row) in x.chunks_exact(k).enumerate() {
+        for (kk, &v) in row.iter().enumerate() {
+            xt[kk * mp + i] = v;
+        }
+    }
+    let nr = 24 / mv; // W rows per tile: NR·MV = 24 accumulators
+    let tiles = n.div_ceil(nr);
+    let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
+    let (xt, y) = (xt.as_slice(), y as usize);
+    parallel(threads, &|t, nt| {
+        let per = tiles.div_ceil(nt);
+        for tile in t * per..((t + 1) * per).min(tiles) {
+            let n0 = tile * nr;
+            let rows = nr.min(n - n0);
+            let (wp, yp) = (w.as_ptr().add(n0 * k), (y as *mut f32).add(n0));
+            match mv {
+                1 => tile_kernel::<1, 24>(wp, k, xt.as_ptr(), yp, m, n, rows),
+                2 => tile_kernel::<2, 12>(wp, k, xt.as_ptr(), yp, m, n, rows),
+                3 => tile_kernel::<3, 8>(wp, k, xt.as_ptr(), yp, m, n, rows),
+                _ => tile_kernel::<4, 6>(wp, k, xt.as_ptr(), yp, m, n, rows),
+            }
+        }
+    });
+}
+
+/// Runs `job(t, nt)` for t in 0..nt on libtorch's own OpenMP thread team when libgomp is
+/// loaded (it is, with the PyPI libtorch), so the kernel shares threads with every other op of
+/// the step. A second pool (rayon) would fight libgomp's workers, which spin for a while after
+/// each libtorch op: that cost 38% of generation time in `perf` and made decoding slower than
+/// MKL. Falls back to rayon where no libgomp is found.
+fn parallel(threads: usize, job: &(dyn Fn(usize, usize) + Sync)) {
+    if threads <= 1 {
+        return job(0, 1);
+    }
+    match gomp() {
+        Some(g) => {
+            extern "C" fn body(data: *mut std::ffi::c_void) {
+                // SAFETY: `data` is the `Team` below, alive until GOMP_parallel returns.
+                let team = unsafe { &*(data as *const Team) };
+                let (t, nt) = unsafe { ((team.gomp.thread_num)(), (team.gomp.num_threads)()) };
+                (team.job)(t as usize, nt as usize);
+            }
+            struct Team<'a> {
+                job: &'a (dyn Fn(usize, usize) + Sync),
+                gomp: &'a Gomp,
+            }
+            let team = Team { job, gomp: g };
+            // SAFETY: libgomp's documented entry point for `#pragma omp parallel`.
+            unsafe { (g.parallel)(body, &team as *const Team as *mut std::ffi::c_void, threads as u32, 0) };
+        }
+        None => {
+            use rayon::prelude::*;
+            (0..threads).into_par_iter().for_each(|t| job(t, threads));
+        }
+    }
+}
+
+type GompParallel = unsafe extern "C" fn(extern "C" fn(*mut std::ffi::c_void), *mut std::ffi::c_void, u32, u32);
+type OmpQuery = unsafe extern "C" fn() -> i32;
+
+struct Gomp {
+    parallel: GompParallel,
+    thread_num: OmpQuery,
+    num_threads: OmpQuery,
+}
+
+/// libgomp's entry points, looked up in the process (loaded by libtorch_cpu), not linked:
+/// a libtorch built without OpenMP simply has none.
+fn gomp() -> Option<&'static Gomp> {
+    static GOMP: std::sync::OnceLock<Option<Gomp>> = std::sync::OnceLock::new();
+    GOMP.get_or_init(|| {
+        extern "C" {
+            fn dlsym(handle: *mut std::ffi::c_void, symbol: *const std::ffi::c_char) -> *mut std::ffi::c_void;
+        }
+        // RTLD_DEFAULT (a null handle on glibc): every object loaded so far.
+        let find = |name: &std::ffi::CStr| unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+        let (p, t, n) = (find(c"GOMP_parallel"), find(c"omp_get_thread_num"), find(c"omp_get_num_threads"));
+        if p.is_null() || t.is_null() || n.is_null() {
+            return None;
+        }
+        // SAFETY: the symbols have these C signatures in every libgomp.
+        unsafe {
+            Some(Gomp {
+                parallel: std::mem::transmute::<*mut std::ffi::c_void, GompParallel>(p),
+                thread_num: std::mem::transmute::<*mut std::ffi::c_void, OmpQuery>(t),
+                num_threads: std::mem::transmute::<*mut std::ffi::c_void, OmpQuery>(n),
+            })
+        }
+    })
+    .as_ref()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn gemm(_: &[f32], _: &[f32], _: *mut f32, _: usize, _: usize, _: usize) {
+    unreachable!("small_gemm: AVX-512 only")
+}
+
+/// One tile: y[i, r] (row stride `ldy`) = Σ_k w[r, k]·xᵀ[k, i] for r < rows, i < m.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_kernel<const MV: usize, const NR: usize>(
+    w: *const f32,
+    k: usize,
+    xt: *const f32,
+    y: *mut f32,
+    m: usize,
+    ldy: usize,
+    rows: usize,
+) {
+    use std::arch::x86_64::*;
+    let mp = 16 * MV;
+    let mut acc = [[_mm512_setzero_ps(); MV]; NR];
+    // A short last tile repeats its last row instead of branching in the inner loop.
+    let wr: [*const f32; NR] = std::array::from_fn(|r| w.add(r.min(rows - 1) * k));
+    for kk in 0..k {
+        let xv: [__m512; MV] = std::array::from_fn(|j| _mm512_loadu_ps(xt.add(kk * mp + 16 * j)));
+        for r in 0..NR {
+            let b = _mm512_set1_ps(*wr[r].add(kk));
+            for j in 0..MV {
+                acc[r][j] = _mm512_fmadd_ps(b, xv[j], acc[r][j]);
+            }
+        }
+    }
+    // acc[r] holds column r of this tile's y block; write it row by row.
+    let mut tmp = [[0f32; 64]; NR];
+    for (t, a) in tmp.iter_mut().zip(&acc).take(rows) {
+        for (j, v) in a.iter().enumerate() {
+            _mm512_storeu_ps(t.as_mut_ptr().add(16 * j), *v);
+        }
+    }
+    for i in 0..m {
+        let out = y.add(i * ldy);
+        for (r, t) in tmp.iter().enumerate().take(rows) {
+            *out.add(r) = t[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(x: &Tensor, w: &Tensor) -> Tensor {
+        x.to_kind(Kind::Double).matmul(&w.to_kind(Kind::Double).tr()).to_kind(Kind::Float)
+    }
+
+    /// Every row-count class (1–4 vectors, partial vectors), short last tiles, odd K.
+    #[test]
+    fn equals_matmul_for_every_shape_class() {
+        if !avx512() {
+            eprintln!("no AVX-512 on this CPU: the fast path is off, nothing to compare");
+            return;
+        }
+        tch::manual_seed(0);
+        for m in [1i64, 5, 16, 17, 31, 32, 33, 48, 63, 64] {
+            for (n, k) in [(1i64, 1i64), (7, 3), (25, 64), (100, 17), (13, 576)] {
+                let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
+                let w = Tensor::randn([n, k], (Kind::Float, Device::Cpu));
+                let y = linear(&x, &w).expect("fast path applies");
+                let r = reference(&x, &w);
+                let err = (&y - &r).abs().max().double_value(&[]);
+                let scale = r.abs().max().double_value(&[]).max(1.0);
+                assert!(err <= 1e-5 * scale * (k as f64).sqrt(), "m={m} n={n} k={k}: max error {err}");
+            }
+        }
+        // Leading batch dimensions are kept; a strided x is read correctly.
+        let x = Tensor::randn([2, 3, 40], (Kind::Float, Device::Cpu)).transpose(0, 1);
+        let w = Tensor::randn([9, 40], (Kind::Float, Device::Cpu));
+        let y = linear(&x, &w).unwrap();
+        assert_eq!(y.size(), vec![3, 2, 9]);
+        assert!(y.allclose(&x.matmul(&w.tr()), 1e-5, 1e-5, false));
+    }
+
+    /// Where autograd needs the product, or the shape is not a decode step's, libtorch runs it.
+    #[test]
+    fn leaves_autograd_and_large_batches_to_libtorch() {
+        let w = Tensor::randn([8, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let x = Tensor::randn([4, 16], (Kind::Float, Device::Cpu));
+        assert!(linear(&x, &w).is_none(), "grad mode on and w trainable");
+        let x_grad = Tensor::randn([4, 16], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        assert!(linear(&x_grad, &w.detach()).is_none(), "x needs grad");
+        assert!(linear(&Tensor::randn([65, 16], (Kind::Float, Device::Cpu)), &w.detach()).is_none());
+        assert!(linear(&x.to_kind(Kind::Double), &w.detach().to_kind(Kind::Double)).is_none());
+        let strided = Tensor::randn([16, 8], (Kind::Float, Device::Cpu)).tr();
+        assert!(linear(&x, &strided).is_none(), "non-contiguous weight");
+        let under_no_grad = tch::no_grad(|| linear(&x, &w));
+        assert_eq!(under_no_grad.is_some(), avx512());
+    }
+}
