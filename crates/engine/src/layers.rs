@@ -133,11 +133,52 @@ impl RmsNorm {
         RmsNorm { weight: p.var("weight", &[dim], Init::Const(1.0)), eps }
     }
     pub fn forward(&self, x: &Tensor) -> Tensor {
+        if let Some(y) = self.forward_few_rows(x) {
+            return y;
+        }
         let kind = x.kind();
         let xf = x.to_kind(tch::Kind::Float);
         let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, tch::Kind::Float);
         let normed = (xf * (var + self.eps).rsqrt()).to_kind(kind);
         &self.weight * normed
+    }
+
+    /// A decode step's few rows of f32 outside autograd: one pass over the rows instead of
+    /// seven libtorch ops (each a fixed dispatch cost that a decode step pays per layer).
+    fn forward_few_rows(&self, x: &Tensor) -> Option<Tensor> {
+        let d = *x.size().last()?;
+        let f32_cpu = |t: &Tensor| t.device() == tch::Device::Cpu && t.kind() == tch::Kind::Float;
+        let rows = x.numel() as i64 / d.max(1);
+        if !f32_cpu(x) || !f32_cpu(&self.weight) || rows > 64 || d == 0 || self.weight.size() != [d] {
+            return None;
+        }
+        if crate::small_gemm::needs_grad(x, &self.weight) {
+            return None;
+        }
+        let (x, w) = (x.contiguous(), self.weight.contiguous());
+        let y = Tensor::empty(x.size(), (tch::Kind::Float, tch::Device::Cpu));
+        let (rows, d) = (rows as usize, d as usize);
+        // SAFETY: contiguous f32 CPU tensors of rows·d (x, y) and d (w) elements, alive here.
+        unsafe {
+            let xs = std::slice::from_raw_parts(x.data_ptr() as *const f32, rows * d);
+            let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, d);
+            let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, rows * d);
+            for (xr, yr) in xs.chunks_exact(d).zip(ys.chunks_exact_mut(d)) {
+                let mut acc = [0f32; 16];
+                let (chunks, tail) = (xr.chunks_exact(16), xr.chunks_exact(16).remainder());
+                for c in chunks {
+                    for l in 0..16 {
+                        acc[l] += c[l] * c[l];
+                    }
+                }
+                let sq = acc.iter().sum::<f32>() + tail.iter().map(|v| v * v).sum::<f32>();
+                let r = 1.0 / (sq / d as f32 + self.eps as f32).sqrt();
+                for ((yv, &xv), &wv) in yr.iter_mut().zip(xr).zip(ws) {
+                    *yv = wv * (xv * r);
+                }
+            }
+        }
+        Some(y)
     }
 }
 
@@ -159,5 +200,24 @@ impl LayerNorm {
     pub fn forward(&self, x: &Tensor) -> Tensor {
         let d = *x.size().last().unwrap();
         x.layer_norm([d], Some(&self.weight), Some(&self.bias), self.eps, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The few-rows pass equals the seven-op path (forced by a gradient on x).
+    #[test]
+    fn rms_norm_few_rows_equals_the_op_path() {
+        tch::manual_seed(1);
+        let opts = (tch::Kind::Float, tch::Device::Cpu);
+        let norm = RmsNorm { weight: Tensor::randn([40], opts), eps: 1e-5 };
+        let x = Tensor::randn([2, 3, 40], opts) * 3.0;
+        let fast = norm.forward_few_rows(&x).expect("3 rows of f32");
+        let slow = norm.forward(&x.copy().set_requires_grad(true)).detach();
+        assert!(norm.forward_few_rows(&x.copy().set_requires_grad(true)).is_none());
+        assert_eq!(fast.size(), vec![2, 3, 40]);
+        assert!(fast.allclose(&slow, 1e-5, 1e-6, false), "max {}", (&fast - &slow).abs().max().double_value(&[]));
     }
 }

@@ -3,6 +3,7 @@
 //! schedules, LoRA, checkpoints, HF export) the RL crates build on.
 pub mod checkpoint;
 pub mod config;
+pub mod decode_attention;
 pub mod device;
 pub mod encoder;
 pub mod error;
@@ -10,6 +11,7 @@ pub mod fsutil;
 pub mod generate;
 pub mod layers;
 pub mod models;
+pub mod omp;
 pub mod optim;
 pub mod policy;
 pub mod sampling;

@@ -8,7 +8,8 @@
 //!
 //! Shape of the kernel (the classic outer-product micro-kernel, transposed): a tile of NR rows
 //! of W times xᵀ [K, 16·MV] accumulates C[NR, 16·MV] in 24 zmm registers; each k broadcasts one
-//! weight per W row and multiplies it into MV vectors of x. Tiles are split across threads.
+//! weight per W row and multiplies it into MV vectors of x. Tiles are split across libtorch's
+//! OpenMP threads ([`crate::omp`]).
 use tch::{Device, Kind, Tensor};
 
 /// Largest row count routed here (4 vectors of 16 rows).
@@ -29,22 +30,23 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Option<Tensor> {
     if !avx512() {
         return None;
     }
-    let x2 = x.reshape([m, k]).contiguous();
-    let y = Tensor::empty([m, n], (Kind::Float, Device::Cpu));
-    // SAFETY: x2 [m, k], w [n, k] and y [m, n] are contiguous f32 CPU tensors alive for the
-    // call; y is written only here, each thread on its own columns.
+    // Few dispatches: a decode step makes ~200 of these calls.
+    let x2 = if x.is_contiguous() { x.shallow_clone() } else { x.contiguous() };
+    let mut shape = x.size();
+    *shape.last_mut().unwrap() = n;
+    let y = Tensor::empty(shape.as_slice(), (Kind::Float, Device::Cpu));
+    // SAFETY: x2 [.., k] (m rows), w [n, k] and y [.., n] are contiguous f32 CPU tensors alive
+    // for the call; y is written only here, each thread on its own columns.
     unsafe {
         let xs = std::slice::from_raw_parts(x2.data_ptr() as *const f32, (m * k) as usize);
         let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, (n * k) as usize);
         gemm(xs, ws, y.data_ptr() as *mut f32, m as usize, n as usize, k as usize);
     }
-    let mut shape = x.size();
-    *shape.last_mut().unwrap() = n;
-    Some(y.view(shape.as_slice()))
+    Some(y)
 }
 
-/// True when autograd would need this product: the kernel is invisible to it.
-fn needs_grad(x: &Tensor, w: &Tensor) -> bool {
+/// True when autograd would need y = f(x, w): our kernels are invisible to it.
+pub(crate) fn needs_grad(x: &Tensor, w: &Tensor) -> bool {
     if x.requires_grad() {
         return true;
     }
@@ -84,7 +86,7 @@ unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) 
     let tiles = n.div_ceil(nr);
     let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
     let (xt, y) = (xt.as_slice(), y as usize);
-    parallel(threads, &|t, nt| {
+    crate::omp::parallel(threads, &|t, nt| {
         let per = tiles.div_ceil(nt);
         for tile in t * per..((t + 1) * per).min(tiles) {
             let n0 = tile * nr;
@@ -98,73 +100,6 @@ unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) 
             }
         }
     });
-}
-
-/// Runs `job(t, nt)` for t in 0..nt on libtorch's own OpenMP thread team when libgomp is
-/// loaded (it is, with the PyPI libtorch), so the kernel shares threads with every other op of
-/// the step. A second pool (rayon) would fight libgomp's workers, which spin for a while after
-/// each libtorch op: that cost 38% of generation time in `perf` and made decoding slower than
-/// MKL. Falls back to rayon where no libgomp is found.
-fn parallel(threads: usize, job: &(dyn Fn(usize, usize) + Sync)) {
-    if threads <= 1 {
-        return job(0, 1);
-    }
-    match gomp() {
-        Some(g) => {
-            extern "C" fn body(data: *mut std::ffi::c_void) {
-                // SAFETY: `data` is the `Team` below, alive until GOMP_parallel returns.
-                let team = unsafe { &*(data as *const Team) };
-                let (t, nt) = unsafe { ((team.gomp.thread_num)(), (team.gomp.num_threads)()) };
-                (team.job)(t as usize, nt as usize);
-            }
-            struct Team<'a> {
-                job: &'a (dyn Fn(usize, usize) + Sync),
-                gomp: &'a Gomp,
-            }
-            let team = Team { job, gomp: g };
-            // SAFETY: libgomp's documented entry point for `#pragma omp parallel`.
-            unsafe { (g.parallel)(body, &team as *const Team as *mut std::ffi::c_void, threads as u32, 0) };
-        }
-        None => {
-            use rayon::prelude::*;
-            (0..threads).into_par_iter().for_each(|t| job(t, threads));
-        }
-    }
-}
-
-type GompParallel = unsafe extern "C" fn(extern "C" fn(*mut std::ffi::c_void), *mut std::ffi::c_void, u32, u32);
-type OmpQuery = unsafe extern "C" fn() -> i32;
-
-struct Gomp {
-    parallel: GompParallel,
-    thread_num: OmpQuery,
-    num_threads: OmpQuery,
-}
-
-/// libgomp's entry points, looked up in the process (loaded by libtorch_cpu), not linked:
-/// a libtorch built without OpenMP simply has none.
-fn gomp() -> Option<&'static Gomp> {
-    static GOMP: std::sync::OnceLock<Option<Gomp>> = std::sync::OnceLock::new();
-    GOMP.get_or_init(|| {
-        extern "C" {
-            fn dlsym(handle: *mut std::ffi::c_void, symbol: *const std::ffi::c_char) -> *mut std::ffi::c_void;
-        }
-        // RTLD_DEFAULT (a null handle on glibc): every object loaded so far.
-        let find = |name: &std::ffi::CStr| unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
-        let (p, t, n) = (find(c"GOMP_parallel"), find(c"omp_get_thread_num"), find(c"omp_get_num_threads"));
-        if p.is_null() || t.is_null() || n.is_null() {
-            return None;
-        }
-        // SAFETY: the symbols have these C signatures in every libgomp.
-        unsafe {
-            Some(Gomp {
-                parallel: std::mem::transmute::<*mut std::ffi::c_void, GompParallel>(p),
-                thread_num: std::mem::transmute::<*mut std::ffi::c_void, OmpQuery>(t),
-                num_threads: std::mem::transmute::<*mut std::ffi::c_void, OmpQuery>(n),
-            })
-        }
-    })
-    .as_ref()
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -252,9 +252,30 @@ impl Attention {
             };
             y.transpose(1, 2)
         };
-        let q = heads(self.q_proj.forward(x, mode), self.n_heads, &self.q_norm);
-        let k = heads(self.k_proj.forward(x, mode), self.n_kv, &self.k_norm);
-        let v = heads(self.v_proj.forward(x, mode), self.n_kv, &None);
+        let (q, k, v) = (self.q_proj.forward(x, mode), self.k_proj.forward(x, mode), self.v_proj.forward(x, mode));
+        // A decode step (one new token per row, f32 on CPU, no autograd) in one pass.
+        if let (LayerKv::Cache(ck, cv, pos), None, None, 1) = (&kv, packing, &self.q_norm, t) {
+            let step = crate::decode_attention::DecodeStep {
+                q: &q,
+                k: &k,
+                v: &v,
+                cos,
+                sin,
+                cache_k: ck,
+                cache_v: cv,
+                pos: *pos,
+                mask,
+                n_heads: self.n_heads,
+                n_kv: self.n_kv,
+                head_dim: self.head_dim,
+            };
+            if let Some(y) = crate::decode_attention::attend(&step) {
+                return self.o_proj.forward(&y, mode);
+            }
+        }
+        let q = heads(q, self.n_heads, &self.q_norm);
+        let k = heads(k, self.n_kv, &self.k_norm);
+        let v = heads(v, self.n_kv, &None);
         let q = apply_rope(&q, cos, sin);
         let k = apply_rope(&k, cos, sin);
         // libtorch's CPU flash-attention kernel is ~5x slower in bf16 than in f32 at decode
