@@ -131,8 +131,8 @@ unsafe fn rope(x: &[f32], cos: &[f32], sin: &[f32], out: *mut f32) {
     }
 }
 
-/// Σ aᵢbᵢ in 16 independent lanes (vectorised by the compiler).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// Σ aᵢbᵢ in 16 independent lanes (vectorised by the compiler); also RMSNorm's Σ xᵢ².
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();

@@ -164,14 +164,7 @@ impl RmsNorm {
             let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, d);
             let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, rows * d);
             for (xr, yr) in xs.chunks_exact(d).zip(ys.chunks_exact_mut(d)) {
-                let mut acc = [0f32; 16];
-                let (chunks, tail) = (xr.chunks_exact(16), xr.chunks_exact(16).remainder());
-                for c in chunks {
-                    for l in 0..16 {
-                        acc[l] += c[l] * c[l];
-                    }
-                }
-                let sq = acc.iter().sum::<f32>() + tail.iter().map(|v| v * v).sum::<f32>();
+                let sq = crate::decode_attention::dot(xr, xr);
                 let r = 1.0 / (sq / d as f32 + self.eps as f32).sqrt();
                 for ((yv, &xv), &wv) in yr.iter_mut().zip(xr).zip(ws) {
                     *yv = wv * (xv * r);

@@ -90,12 +90,12 @@ pub fn pg_backward(
     // without a KL term it adds nothing to the gradient; the loss is divided by `norm`, which
     // counts it anyway. GRPO groups whose samples all earned the same reward are such rows.
     let carries = |r: &&PgRow| alg.kl_coef > 0.0 || !alg.skip_zero_advantage || (r.advantage != 0.0 && r.weight != 0.0);
-    let with_response = rows.iter().filter(|r| !r.response.is_empty()).count();
-    let rows: Vec<&PgRow> = rows.iter().filter(|r| !r.response.is_empty()).filter(carries).collect();
+    let with_response: Vec<&PgRow> = rows.iter().filter(|r| !r.response.is_empty()).collect();
+    let rows: Vec<&PgRow> = with_response.iter().copied().filter(carries).collect();
     let temp = temperature.max(1e-6);
     let gspo = alg.name == Algorithm::Gspo;
     let agg = if gspo { Aggregation::SeqMeanTokenMean } else { alg.aggregation };
-    let mut st = PgStats { skipped_rows: with_response - rows.len(), ..PgStats::default() };
+    let mut st = PgStats { skipped_rows: with_response.len() - rows.len(), ..PgStats::default() };
     let counted: f64 = rows.iter().map(|r| mask_len(&r.loss_mask)).sum::<f64>().max(1.0);
     for mb in rows.chunks(micro_batch.max(1)) {
         let reqs = requests(mb);
