@@ -85,41 +85,74 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
         let (ck, cv, o) = (ck as usize, cv as usize, out.data_ptr() as usize);
         let tasks = b * nh;
         let threads = (tch::get_num_threads().max(1) as usize).min(tasks);
+        let fast = crate::vmath::avx512();
         crate::omp::parallel(threads, &|t, nt| {
             let (ck, cv, o) = (ck as *const f32, cv as *const f32, o as *mut f32);
             let (mut qr, mut scores) = (vec![0f32; d], vec![0f32; keys]);
-            let scale = 1.0 / (d as f32).sqrt();
             let per = tasks.div_ceil(nt);
             for task in t * per..((t + 1) * per).min(tasks) {
                 let (r, h) = (task / nh, task % nh);
                 let kv_head = h / (nh / nkv);
                 let src = (r * nh + h) * d;
                 rope(&q[src..src + d], &cos[r * d..(r + 1) * d], &sin[r * d..(r + 1) * d], qr.as_mut_ptr());
-                let row_mask = &mask[r * keys..(r + 1) * keys];
-                let mut max = f32::NEG_INFINITY;
-                for (j, sc) in scores.iter_mut().enumerate() {
-                    if row_mask[j] {
-                        let kj = std::slice::from_raw_parts(ck.add(slot(r, kv_head, j)), d);
-                        *sc = dot(&qr, kj) * scale;
-                        max = max.max(*sc);
-                    }
-                }
+                let head = Head {
+                    q: &qr,
+                    keys: std::slice::from_raw_parts(ck.add(slot(r, kv_head, 0)), keys * d),
+                    values: std::slice::from_raw_parts(cv.add(slot(r, kv_head, 0)), keys * d),
+                    mask: &mask[r * keys..(r + 1) * keys],
+                };
                 let y = std::slice::from_raw_parts_mut(o.add(src), d);
-                y.iter_mut().for_each(|x| *x = 0.0);
-                let mut total = 0f32;
-                for (j, &sc) in scores.iter().enumerate() {
-                    if row_mask[j] {
-                        let p = (sc - max).exp();
-                        total += p;
-                        let vj = std::slice::from_raw_parts(cv.add(slot(r, kv_head, j)), d);
-                        y.iter_mut().zip(vj).for_each(|(a, &b)| *a += p * b);
-                    }
+                if fast {
+                    attend_head_avx512(&head, &mut scores, y);
+                } else {
+                    attend_head(&head, &mut scores, y);
                 }
-                y.iter_mut().for_each(|x| *x /= total);
             }
         });
     }
     Some(out)
+}
+
+/// One query head (rotated) and its row's cached keys and values [keys, d].
+struct Head<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    mask: &'a [bool],
+}
+
+/// y = Σⱼ softmax(q·kⱼ/√d)ⱼ·vⱼ over the masked-in keys j.
+#[inline(always)]
+fn attend_head(h: &Head, scores: &mut [f32], y: &mut [f32]) {
+    let d = h.q.len();
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut max = f32::NEG_INFINITY;
+    for ((sc, k), &m) in scores.iter_mut().zip(h.keys.chunks_exact(d)).zip(h.mask) {
+        *sc = if m { crate::vmath::dot(h.q, k) * scale } else { f32::NEG_INFINITY };
+        max = max.max(*sc);
+    }
+    // exp(−∞) = 0: masked keys drop out without a branch, so this loop vectorises.
+    scores.iter_mut().for_each(|sc| *sc = crate::vmath::exp_f32(*sc - max));
+    let total = crate::vmath::sum(scores);
+    y.iter_mut().for_each(|x| *x = 0.0);
+    for ((&p, v), &m) in scores.iter().zip(h.values.chunks_exact(d)).zip(h.mask) {
+        if m {
+            y.iter_mut().zip(v).for_each(|(a, &b)| *a += p * b);
+        }
+    }
+    y.iter_mut().for_each(|x| *x /= total);
+}
+
+/// [`attend_head`] compiled with AVX-512 (see [`crate::vmath`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn attend_head_avx512(h: &Head, scores: &mut [f32], y: &mut [f32]) {
+    attend_head(h, scores, y)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn attend_head_avx512(h: &Head, scores: &mut [f32], y: &mut [f32]) {
+    attend_head(h, scores, y)
 }
 
 /// out = x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁] (transformers' convention).
@@ -129,19 +162,6 @@ unsafe fn rope(x: &[f32], cos: &[f32], sin: &[f32], out: *mut f32) {
         *out.add(i) = x[i] * cos[i] + -x[i + half] * sin[i];
         *out.add(i + half) = x[i + half] * cos[i + half] + x[i] * sin[i + half];
     }
-}
-
-/// Σ aᵢbᵢ in 16 independent lanes (vectorised by the compiler); also RMSNorm's Σ xᵢ².
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 #[cfg(test)]

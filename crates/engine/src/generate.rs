@@ -8,7 +8,7 @@
 use crate::error::{EngineError, Result};
 use crate::layers::Mode;
 use crate::models::llama::{DecoderLm, KvCache};
-use crate::sampling::{sample, Rng, SamplingParams};
+use crate::sampling::{sample_with, Rng, SamplingParams, Scratch};
 use crate::tokenizer::Tokenizer;
 use tch::{Kind, Tensor};
 
@@ -207,11 +207,16 @@ impl<'a> DecodeSession<'a> {
         let to = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
         let (rows, slots) =
             (to(fed.iter().map(|&r| r as i64).collect()), to(fed.iter().map(|&r| self.slot[r] as i64).collect()));
-        let old = self
-            .last_logits
-            .take()
-            .unwrap_or_else(|| Tensor::zeros([b as i64, logits.size()[1]], (logits.kind(), dev)));
-        self.last_logits = Some(old.index_copy(0, &rows, &logits.index_select(0, &slots)));
+        let in_place = fed.len() == b && fed.iter().all(|&r| self.slot[r] == r);
+        self.last_logits = Some(if in_place {
+            logits // every row fed, in cache order: no [B, V] copy
+        } else {
+            let old = self
+                .last_logits
+                .take()
+                .unwrap_or_else(|| Tensor::zeros([b as i64, logits.size()[1]], (logits.kind(), dev)));
+            old.index_copy(0, &rows, &logits.index_select(0, &slots))
+        });
         self.stats.forwards += 1;
         self.stats.rows_computed += k;
         self.stats.forward_s += t0.elapsed().as_secs_f64();
@@ -255,22 +260,20 @@ impl<'a> DecodeSession<'a> {
             let t0 = std::time::Instant::now();
             let sel: Vec<i64> = active.iter().map(|&i| rows[i] as i64).collect();
             let dev = self.lm.device();
-            let logits = self.last_logits.as_ref().unwrap().index_select(0, &Tensor::from_slice(&sel).to_device(dev));
-            let host: Vec<f32> =
-                Vec::try_from(logits.to_device(tch::Device::Cpu).contiguous().view(-1)).map_err(EngineError::Torch)?;
+            let logits = self.last_logits.as_ref().unwrap();
+            // All rows active (the common case): sample from the logits in place.
+            let logits = if sel.len() as i64 == logits.size()[0] && sel.iter().enumerate().all(|(a, &r)| a as i64 == r)
+            {
+                logits.shallow_clone()
+            } else {
+                logits.index_select(0, &Tensor::from_slice(&sel).to_device(dev))
+            };
+            let logits = logits.to_device(tch::Device::Cpu).to_kind(tch::Kind::Float).contiguous();
+            // SAFETY: a contiguous f32 CPU tensor of active·vocab elements, alive below.
+            let host = unsafe { std::slice::from_raw_parts(logits.data_ptr() as *const f32, active.len() * vocab) };
             let mut blocks = vec![vec![]; self.batch()];
             let mut still = vec![];
-            // Rows sample independently (own generator each), so they run in parallel.
-            let picks: Vec<(u32, f32)> = {
-                use rayon::prelude::*;
-                let mut row_rngs: Vec<(usize, &mut Rng)> =
-                    rngs.iter_mut().enumerate().filter(|(i, _)| active.contains(i)).collect();
-                row_rngs
-                    .par_iter_mut()
-                    .enumerate()
-                    .map(|(a, (i, rng))| sample(&host[a * vocab..(a + 1) * vocab], &params[*i], rng))
-                    .collect()
-            };
+            let picks = sample_rows(host, vocab, &active, params, rngs);
             for (a, &i) in active.iter().enumerate() {
                 let (tok, lp) = picks[a];
                 let g = &mut out[i];
@@ -301,6 +304,35 @@ impl<'a> DecodeSession<'a> {
         }
         Ok(out)
     }
+}
+
+/// One token for each active row (`host` holds their logits in order). Rows sample
+/// independently (own generator each), so they are split across libtorch's OpenMP team
+/// (a rayon pool would fight its spinning workers; see [`crate::omp`]).
+fn sample_rows(
+    host: &[f32],
+    vocab: usize,
+    active: &[usize],
+    params: &[SamplingParams],
+    rngs: &mut [Rng],
+) -> Vec<(u32, f32)> {
+    use std::sync::Mutex;
+    let rows: Vec<Mutex<(usize, Rng)>> = active.iter().map(|&i| Mutex::new((i, rngs[i].clone()))).collect();
+    let picks: Vec<Mutex<(u32, f32)>> = active.iter().map(|_| Mutex::new((0, 0.0))).collect();
+    let threads = (tch::get_num_threads().max(1) as usize).min(active.len());
+    crate::omp::parallel(threads, &|t, nt| {
+        let mut scratch = Scratch::default();
+        for a in (t..rows.len()).step_by(nt.max(1)) {
+            let mut row = rows[a].lock().unwrap();
+            let (i, ref mut rng) = *row;
+            *picks[a].lock().unwrap() = sample_with(&host[a * vocab..(a + 1) * vocab], &params[i], rng, &mut scratch);
+        }
+    });
+    for row in rows {
+        let (i, rng) = row.into_inner().unwrap();
+        rngs[i] = rng;
+    }
+    picks.into_iter().map(|p| p.into_inner().unwrap()).collect()
 }
 
 /// The first stop string found in the decoded tail of `tokens` (only the last few tokens are

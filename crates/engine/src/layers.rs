@@ -163,16 +163,38 @@ impl RmsNorm {
             let xs = std::slice::from_raw_parts(x.data_ptr() as *const f32, rows * d);
             let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, d);
             let ys = std::slice::from_raw_parts_mut(y.data_ptr() as *mut f32, rows * d);
-            for (xr, yr) in xs.chunks_exact(d).zip(ys.chunks_exact_mut(d)) {
-                let sq = crate::decode_attention::dot(xr, xr);
-                let r = 1.0 / (sq / d as f32 + self.eps as f32).sqrt();
-                for ((yv, &xv), &wv) in yr.iter_mut().zip(xr).zip(ws) {
-                    *yv = wv * (xv * r);
-                }
+            if crate::vmath::avx512() {
+                rms_rows_avx512(xs, ws, ys, self.eps as f32);
+            } else {
+                rms_rows(xs, ws, ys, self.eps as f32);
             }
         }
         Some(y)
     }
+}
+
+/// y = w·(x / √(mean(x²) + ε)) row by row (rows of w's length).
+#[inline(always)]
+fn rms_rows(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
+    let d = ws.len();
+    for (xr, yr) in xs.chunks_exact(d).zip(ys.chunks_exact_mut(d)) {
+        let r = 1.0 / (crate::vmath::dot(xr, xr) / d as f32 + eps).sqrt();
+        for ((yv, &xv), &wv) in yr.iter_mut().zip(xr).zip(ws) {
+            *yv = wv * (xv * r);
+        }
+    }
+}
+
+/// [`rms_rows`] compiled with AVX-512 (see [`crate::vmath`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn rms_rows_avx512(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
+    rms_rows(xs, ws, ys, eps)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn rms_rows_avx512(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
+    rms_rows(xs, ws, ys, eps)
 }
 
 #[derive(Debug)]

@@ -18,6 +18,7 @@ pub mod sampling;
 pub mod score;
 pub mod small_gemm;
 pub mod tokenizer;
+pub mod vmath;
 pub mod weights;
 
 pub use error::{EngineError, Result};

@@ -42,13 +42,19 @@ fn smollm2_logits_and_greedy_match_transformers() {
 
     // Logits: one right-padded batch, uncached.
     let logits = knowrl_engine::generate::full_logits(&policy.lm, &prompts);
-    let mut worst: f64 = 0.0;
+    let (mut worst, mut scale): (f64, f64) = (0.0, 0.0);
     for (i, p) in prompts.iter().enumerate() {
         let ours = logits.get(i as i64).narrow(0, 0, p.len() as i64);
-        worst = worst.max(max_abs_diff(&ours, &reference[&format!("logits.{i}")]));
+        let theirs = &reference[&format!("logits.{i}")];
+        worst = worst.max(max_abs_diff(&ours, theirs));
+        scale = scale.max(theirs.abs().max().double_value(&[]));
     }
-    println!("smollm2 f32 logits: max |Δ| = {worst:.2e}");
-    assert!(worst <= 1e-4, "logit max abs diff {worst}");
+    println!("smollm2 f32 logits: max |Δ| = {worst:.2e}, max |logit| = {scale:.1}");
+    // Relative to the largest logit: 30 float32 layers summed in another order than
+    // transformers' differ by ~1e-6 of it, and by how much depends on the CPU (MKL picks its
+    // kernels per machine: 0.9e-4 on an AMD EPYC, 1.2e-4 on a Sapphire Rapids Xeon, at 38.7).
+    // A wrong RoPE, norm or mask is off by 0.1 or more.
+    assert!(worst <= 1e-5 * scale.max(1.0), "logit max abs diff {worst} (max |logit| {scale})");
 
     // Greedy: batched, KV-cached, left-padded; identical tokens.
     let gens =
