@@ -122,8 +122,8 @@ impl AdamW {
             if grads.is_empty() {
                 return 0.0;
             }
-            let sq: Vec<Tensor> =
-                grads.iter().map(|g| g.to_kind(tch::Kind::Float).square().sum(tch::Kind::Float)).collect();
+            // One read per gradient (no squared copy): Σ over parameters of ‖g‖².
+            let sq: Vec<Tensor> = grads.iter().map(|g| g.to_kind(tch::Kind::Float).norm().square()).collect();
             let total = Tensor::stack(&sq, 0).sum(tch::Kind::Float).sqrt().double_value(&[]);
             let coef = max_norm / (total + 1e-6);
             if max_norm > 0.0 && coef < 1.0 {
@@ -145,6 +145,11 @@ impl AdamW {
             for (i, (_, p)) in self.params.iter().enumerate() {
                 let g = p.grad();
                 if !g.defined() {
+                    continue;
+                }
+                let wd = if self.decay[i] { weight_decay } else { 0.0 };
+                let hyper = Hyper { lr, wd, b1, b2, eps, bc1, bc2 };
+                if fused_step(p, &g, &self.m[i], &self.v[i], &hyper) {
                     continue;
                 }
                 let mut p = p.shallow_clone();
@@ -193,6 +198,90 @@ impl AdamW {
     }
 }
 
+/// One step's scalars: learning rate, decay (0 for parameters that do not decay), the
+/// betas, ε, and the bias corrections 1 − βᵗ.
+struct Hyper {
+    lr: f64,
+    wd: f64,
+    b1: f64,
+    b2: f64,
+    eps: f64,
+    bc1: f64,
+    bc2: f64,
+}
+
+/// AdamW on a float32 CPU parameter in one pass over p, g, m, v (the op-by-op update makes
+/// ~20 passes over 4-byte-per-weight arrays, memory-bound: 0.5 s per step for 135M weights).
+/// Same formula and order as torch.optim.AdamW's single-tensor update. Returns false (nothing
+/// done) for other dtypes, devices or layouts.
+fn fused_step(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &Hyper) -> bool {
+    let ok = |t: &Tensor| t.device() == tch::Device::Cpu && t.kind() == tch::Kind::Float && t.is_contiguous();
+    if ![p, g, m, v].iter().all(|t| ok(t)) || g.size() != p.size() {
+        return false;
+    }
+    let n = p.numel();
+    let (pp, gp, mp, vp) = (p.data_ptr() as usize, g.data_ptr() as usize, m.data_ptr() as usize, v.data_ptr() as usize);
+    let s = AdamScalars {
+        decay: (1.0 - h.lr * h.wd) as f32,
+        one_minus_b1: (1.0 - h.b1) as f32,
+        b2: h.b2 as f32,
+        one_minus_b2: (1.0 - h.b2) as f32,
+        bc2_sqrt: h.bc2.sqrt() as f32,
+        eps: h.eps as f32,
+        step_size: (h.lr / h.bc1) as f32,
+    };
+    let threads = if n < 1 << 16 { 1 } else { tch::get_num_threads().max(1) as usize };
+    crate::omp::parallel(threads, &|t, nt| {
+        let (lo, hi) = (n * t / nt, n * (t + 1) / nt);
+        // SAFETY: four live, distinct, contiguous f32 tensors of n elements; each thread owns
+        // the range lo..hi of each.
+        unsafe {
+            let range = |ptr: usize| std::slice::from_raw_parts_mut((ptr as *mut f32).add(lo), hi - lo);
+            let (p, m, v) = (range(pp), range(mp), range(vp));
+            let g = std::slice::from_raw_parts((gp as *const f32).add(lo), hi - lo);
+            if crate::vmath::avx512() {
+                adam_avx512(p, g, m, v, &s);
+            } else {
+                adam(p, g, m, v, &s);
+            }
+        }
+    });
+    true
+}
+
+struct AdamScalars {
+    decay: f32,
+    one_minus_b1: f32,
+    b2: f32,
+    one_minus_b2: f32,
+    bc2_sqrt: f32,
+    eps: f32,
+    step_size: f32,
+}
+
+#[inline(always)]
+fn adam(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        *p *= s.decay; // decoupled weight decay
+        *m += s.one_minus_b1 * (g - *m); // m ← lerp(m, g, 1 − β₁)
+        *v = *v * s.b2 + s.one_minus_b2 * g * g;
+        let denom = v.sqrt() / s.bc2_sqrt + s.eps;
+        *p += -s.step_size * *m / denom;
+    }
+}
+
+/// [`adam`] compiled with AVX-512 (see [`crate::vmath`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn adam_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) {
+    adam(p, g, m, v, s)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn adam_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) {
+    adam(p, g, m, v, s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +315,40 @@ mod tests {
         for (g, w) in got.iter().zip(want) {
             assert!((*g as f64 - w).abs() < 1e-6, "{got:?} vs {want:?}");
         }
+    }
+
+    /// The one-pass float32 update equals the op-by-op update (run in float64) over three
+    /// steps, with and without decay; large enough to be split across threads.
+    #[test]
+    fn fused_float32_step_equals_the_op_path() {
+        tch::manual_seed(5);
+        let names = ["model.layers.0.mlp.up_proj.weight", "model.norm.weight"];
+        let init: Vec<Tensor> =
+            names.iter().map(|_| Tensor::randn([300, 257], (tch::Kind::Float, tch::Device::Cpu))).collect();
+        let grads: Vec<Vec<Tensor>> = (0..3).map(|_| init.iter().map(|p| p.randn_like() * 0.1).collect()).collect();
+        let run = |kind: tch::Kind| {
+            let params: Vec<(String, Tensor)> = names
+                .iter()
+                .zip(&init)
+                .map(|(n, p)| (n.to_string(), p.to_kind(kind).copy().set_requires_grad(true)))
+                .collect();
+            let shared = params.iter().map(|(n, p)| (n.clone(), p.shallow_clone())).collect();
+            let mut opt = AdamW::new(shared, AdamWConfig { weight_decay: 0.1, ..Default::default() });
+            for step in &grads {
+                opt.zero_grad();
+                let loss: Tensor = params.iter().zip(step).map(|((_, p), g)| (p * g.to_kind(kind)).sum(kind)).sum();
+                loss.backward();
+                opt.step(0.01);
+            }
+            params.iter().map(|(_, p)| p.detach().to_kind(tch::Kind::Double)).collect::<Vec<_>>()
+        };
+        let (fused, reference) = (run(tch::Kind::Float), run(tch::Kind::Double));
+        for (a, b) in fused.iter().zip(&reference) {
+            let d = (a - b).abs().max().double_value(&[]);
+            assert!(d < 1e-5, "max |Δ| {d}");
+        }
+        // It did move the weights (by ~3·lr).
+        assert!((&fused[0] - init[0].to_kind(tch::Kind::Double)).abs().max().double_value(&[]) > 0.02);
     }
 
     #[test]
