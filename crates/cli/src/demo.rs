@@ -13,17 +13,18 @@ pub struct Args {
     /// World directory with the pretrained policy and retriever.
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
-    /// GRPO steps of the demo run (configs/world-grpo.toml; 0 = skip).
-    #[arg(long, default_value_t = 40)]
-    pub grpo_steps: u64,
+    /// GRPO steps of the demo run (default: configs/world-grpo.toml's; 0 = skip).
+    #[arg(long)]
+    pub grpo_steps: Option<u64>,
 }
 
 /// A short GRPO run from configs/world-grpo.toml; agent EM / TC on the validation split before and after.
-fn grpo_before_after(world: &std::path::Path, steps: u64) -> Result<()> {
+fn grpo_before_after(world: &std::path::Path, steps: Option<u64>) -> Result<()> {
     use knowrl_rl::task::Prompt;
     let mut cfg = knowrl_rl::config::TrainConfig::load(std::path::Path::new("configs/world-grpo.toml"))
         .map_err(anyhow::Error::msg)?;
-    cfg.run.steps = steps;
+    cfg.run.steps = steps.unwrap_or(cfg.run.steps);
+    println!("\n== GRPO on the world's agent suite ({} steps) ==", cfg.run.steps);
     cfg.run.out_dir = PathBuf::from("runs/demo-grpo");
     cfg.run.checkpoint_every = 0;
     cfg.model.path = world.join("policy");
@@ -59,8 +60,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.world.join("policy/model.safetensors").exists() {
         println!("== the world: {} (pretrained policy, greedy, test split) ==", a.world.display());
         crate::world_eval::run(crate::world::EvalArgs { world: a.world.clone(), out: None, limit: 0 })?;
-        if a.grpo_steps > 0 {
-            println!("\n== GRPO on the world's agent suite ({} steps) ==", a.grpo_steps);
+        if a.grpo_steps != Some(0) {
             grpo_before_after(&a.world, a.grpo_steps)?;
         }
     } else {
