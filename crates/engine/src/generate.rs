@@ -204,13 +204,13 @@ impl<'a> DecodeSession<'a> {
         let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut front), Mode::EVAL));
         self.cache.len += t as i64;
         let logits = tch::no_grad(|| self.lm.logits(&hidden.select(1, -1)));
-        let to = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
-        let (rows, slots) =
-            (to(fed.iter().map(|&r| r as i64).collect()), to(fed.iter().map(|&r| self.slot[r] as i64).collect()));
         let in_place = fed.len() == b && fed.iter().all(|&r| self.slot[r] == r);
         self.last_logits = Some(if in_place {
             logits // every row fed, in cache order: no [B, V] copy
         } else {
+            let to = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
+            let (rows, slots) =
+                (to(fed.iter().map(|&r| r as i64).collect()), to(fed.iter().map(|&r| self.slot[r] as i64).collect()));
             let old = self
                 .last_logits
                 .take()
