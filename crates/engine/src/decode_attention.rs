@@ -143,17 +143,7 @@ fn attend_head(h: &Head, scores: &mut [f32], y: &mut [f32]) {
     y.iter_mut().for_each(|x| *x /= total);
 }
 
-/// [`attend_head`] compiled with AVX-512 (see [`crate::vmath`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn attend_head_avx512(h: &Head, scores: &mut [f32], y: &mut [f32]) {
-    attend_head(h, scores, y)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn attend_head_avx512(h: &Head, scores: &mut [f32], y: &mut [f32]) {
-    attend_head(h, scores, y)
-}
+crate::vmath::avx512_twin!(fn attend_head_avx512(h: &Head, scores: &mut [f32], y: &mut [f32]) = attend_head);
 
 /// out = x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁] (transformers' convention).
 unsafe fn rope(x: &[f32], cos: &[f32], sin: &[f32], out: *mut f32) {

@@ -185,17 +185,7 @@ fn rms_rows(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
     }
 }
 
-/// [`rms_rows`] compiled with AVX-512 (see [`crate::vmath`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn rms_rows_avx512(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
-    rms_rows(xs, ws, ys, eps)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn rms_rows_avx512(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
-    rms_rows(xs, ws, ys, eps)
-}
+crate::vmath::avx512_twin!(fn rms_rows_avx512(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) = rms_rows);
 
 #[derive(Debug)]
 pub struct LayerNorm {

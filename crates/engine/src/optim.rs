@@ -270,17 +270,7 @@ fn adam(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars)
     }
 }
 
-/// [`adam`] compiled with AVX-512 (see [`crate::vmath`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn adam_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) {
-    adam(p, g, m, v, s)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn adam_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) {
-    adam(p, g, m, v, s)
-}
+crate::vmath::avx512_twin!(fn adam_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) = adam);
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,26 @@ pub fn avx512() -> bool {
     false
 }
 
+/// Defines `$twin`: `$plain` compiled with AVX-512F and FMA enabled (the plain function again
+/// off x86-64). Callers pick it when [`avx512`] is true; `$plain` should be `#[inline(always)]`
+/// so its loops are compiled inside the twin.
+macro_rules! avx512_twin {
+    ($(#[$doc:meta])* fn $twin:ident($($arg:ident: $ty:ty),*) = $plain:ident) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn $twin($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$doc])*
+        #[cfg(not(target_arch = "x86_64"))]
+        unsafe fn $twin($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+    };
+}
+pub(crate) use avx512_twin;
+
 /// Σ aᵢbᵢ in 16 independent lanes (one zmm register, or four xmm).
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
