@@ -17,6 +17,7 @@ pub mod policy;
 pub mod sampling;
 pub mod score;
 pub mod small_gemm;
+pub mod target_logprobs;
 pub mod tokenizer;
 pub mod vmath;
 pub mod weights;

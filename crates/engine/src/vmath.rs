@@ -19,16 +19,16 @@ pub fn avx512() -> bool {
 /// off x86-64). Callers pick it when [`avx512`] is true; `$plain` should be `#[inline(always)]`
 /// so its loops are compiled inside the twin.
 macro_rules! avx512_twin {
-    ($(#[$doc:meta])* fn $twin:ident($($arg:ident: $ty:ty),*) = $plain:ident) => {
+    ($(#[$doc:meta])* fn $twin:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $plain:ident) => {
         $(#[$doc])*
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f,fma")]
-        unsafe fn $twin($($arg: $ty),*) {
+        unsafe fn $twin($($arg: $ty),*) $(-> $ret)? {
             $plain($($arg),*)
         }
         $(#[$doc])*
         #[cfg(not(target_arch = "x86_64"))]
-        unsafe fn $twin($($arg: $ty),*) {
+        unsafe fn $twin($($arg: $ty),*) $(-> $ret)? {
             $plain($($arg),*)
         }
     };
