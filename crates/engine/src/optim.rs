@@ -316,6 +316,22 @@ mod tests {
         }
     }
 
+    /// zero_grad drops gradients (PyTorch's set_to_none), so a step with no backward in between
+    /// leaves the weights where they are; zero-filled gradients would move them by momentum.
+    #[test]
+    fn step_after_zero_grad_without_backward_moves_nothing() {
+        let p = Tensor::from_slice(&[1.0f32, -2.0]).set_requires_grad(true);
+        (&p * Tensor::from_slice(&[3.0f32, -0.5])).sum(tch::Kind::Float).backward();
+        let mut opt =
+            AdamW::new(vec![("w".into(), p.shallow_clone())], AdamWConfig { weight_decay: 0.1, ..Default::default() });
+        opt.step(0.01);
+        opt.zero_grad();
+        assert!(!p.grad().defined(), "zero_grad must drop the gradient");
+        let before = p.detach().copy();
+        opt.step(0.01);
+        assert!(p.detach().equal(&before), "{:?} moved to {:?}", before, p.detach());
+    }
+
     /// The one-pass float32 update equals the op-by-op update (run in float64) over three
     /// steps, with and without decay; large enough to be split across threads.
     #[test]

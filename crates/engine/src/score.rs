@@ -263,22 +263,32 @@ mod tests {
     use crate::config::DecoderConfig;
     use crate::{LoadOptions, Policy};
 
-    /// The LM head in row chunks gives the same log-probs, entropies and gradients as in one piece.
-    #[test]
-    fn chunked_head_equals_the_whole() {
+    /// A one-layer Llama with tied embeddings: the LM head under test is the embedding matrix.
+    fn tiny_tied_lm(vocab: i64, dtype: Kind, seed: i64) -> Policy {
         let v = serde_json::json!({
-            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 50,
+            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": vocab,
             "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-6,
             "max_position_embeddings": 64, "tie_word_embeddings": true,
         });
         let cfg = DecoderConfig::from_value(std::path::Path::new("config.json"), v).unwrap();
-        let p = Policy::random(&cfg, &LoadOptions { dtype: Kind::Double, ..Default::default() }, 3);
+        Policy::random(&cfg, &LoadOptions { dtype, ..Default::default() }, seed)
+    }
+
+    /// Two responses to the same one-token prompt; the second with an observation token masked.
+    fn two_requests<'a>(r1: &'a [u32], r2: &'a [u32], m2: &'a [bool]) -> [ScoreRequest<'a>; 2] {
+        [
+            ScoreRequest { prompt: &[1], response: r1, loss_mask: None },
+            ScoreRequest { prompt: &[1], response: r2, loss_mask: Some(m2) },
+        ]
+    }
+
+    /// The LM head in row chunks gives the same log-probs, entropies and gradients as in one piece.
+    #[test]
+    fn chunked_head_equals_the_whole() {
+        let p = tiny_tied_lm(50, Kind::Double, 3);
         let (r1, r2, m2) = (vec![4u32, 5, 6, 7, 8], vec![9u32, 10, 11], vec![true, false, true]);
-        let reqs = [
-            ScoreRequest { prompt: &[1], response: &r1, loss_mask: None },
-            ScoreRequest { prompt: &[1], response: &r2, loss_mask: Some(&m2) },
-        ];
+        let reqs = two_requests(&r1, &r2, &m2);
         let run = |chunk: i64| {
             // 8 rows: one hidden state per response token.
             let h = Tensor::arange(128, (Kind::Double, tch::Device::Cpu)).view([8, 16]).sin().set_requires_grad(true);
@@ -297,23 +307,13 @@ mod tests {
     /// and gradients (to the hidden states and to the tied embedding), tempered and not.
     #[test]
     fn one_pass_head_equals_libtorch_ops() {
-        let v = serde_json::json!({
-            "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 300,
-            "hidden_size": 16, "intermediate_size": 24, "num_hidden_layers": 1,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 64, "tie_word_embeddings": true,
-        });
-        let cfg = DecoderConfig::from_value(std::path::Path::new("config.json"), v).unwrap();
-        let p = Policy::random(&cfg, &LoadOptions { dtype: Kind::Float, ..Default::default() }, 5);
+        let p = tiny_tied_lm(300, Kind::Float, 5);
         let (r1, r2, m2) = (vec![4u32, 250, 6, 299, 8], vec![0u32, 10, 11], vec![true, false, true]);
-        let reqs = [
-            ScoreRequest { prompt: &[1], response: &r1, loss_mask: None },
-            ScoreRequest { prompt: &[1], response: &r2, loss_mask: Some(&m2) },
-        ];
+        let reqs = two_requests(&r1, &r2, &m2);
         let embed = p.trainable_parameters().into_iter().find(|(n, _)| n.contains("embed_tokens")).unwrap().1;
         for temperature in [1.0, 0.7] {
             let run = |fused: bool| {
-                let _ = embed.shallow_clone().zero_grad();
+                embed.shallow_clone().zero_grad();
                 let h = (Tensor::arange(128, (Kind::Float, tch::Device::Cpu)).view([8, 16]).sin() * 3.0)
                     .set_requires_grad(true);
                 let s = response_scores_in(&p.lm, h.shallow_clone(), &reqs, temperature, 3, fused);

@@ -36,7 +36,8 @@ pub fn target_logprobs(
     crate::omp::parallel(threads, &|t, nt| {
         let per = n.div_ceil(nt);
         let mut scratch = if qp == 0 { vec![0f32; v] } else { vec![] };
-        for r in t * per..((t + 1) * per).min(n) {
+        let rows = t * per..((t + 1) * per).min(n);
+        for (r, &target) in targets.iter().enumerate().take(rows.end).skip(rows.start) {
             // SAFETY: x is [n, v] contiguous f32 and alive for the call; q, lp and ent are
             // written at row r only, by the one thread that owns r.
             unsafe {
@@ -46,7 +47,7 @@ pub fn target_logprobs(
                 } else {
                     std::slice::from_raw_parts_mut((qp as *mut f32).add(r * v), v)
                 };
-                let (l, e) = softmax_row(row, targets[r] as usize, inv_t, out);
+                let (l, e) = softmax_row(row, target as usize, inv_t, out);
                 *(lpp as *mut f32).add(r) = l as f32;
                 *(entp as *mut f32).add(r) = e as f32;
             }
