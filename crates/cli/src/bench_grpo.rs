@@ -166,8 +166,16 @@ pub fn run(a: Args) -> Result<()> {
         x[x.len() / 2]
     };
     let (k, t) = (median(&ours), median(&trl));
+    // Each round's TRL time over the knowrl time measured just before it: a neighbour's load
+    // that comes and goes shows as a spread here, not as a different headline.
+    let per_round: Vec<f64> = ours
+        .iter()
+        .zip(&trl)
+        .map(|(o, r)| r["seconds_per_step"].as_f64().unwrap() / o["seconds_per_step"].as_f64().unwrap())
+        .collect();
     let result = json!({
         "trl_speedup": t / k,
+        "trl_speedup_per_round": per_round,
         "knowrl_seconds_per_step": k,
         "trl_seconds_per_step": t,
         "setting": {"model": model.file_name().map(|s| s.to_string_lossy().to_string()), "prompts": 4, "samples_per_prompt": 8,
@@ -182,8 +190,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     knowrl_engine::fsutil::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())?;
     println!(
-        "GRPO step: knowrl {k:.2} s vs TRL {t:.2} s → {:.2}x (breakdown {}); wrote {}",
+        "GRPO step: knowrl {k:.2} s vs TRL {t:.2} s → {:.2}x (per round {}; breakdown {}); wrote {}",
         t / k,
+        per_round.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(" "),
         ours[0]["breakdown_s"],
         a.out.display()
     );
