@@ -160,24 +160,24 @@ pub fn run(a: Args) -> Result<()> {
         let line = String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("").to_string();
         trl.push(serde_json::from_str::<Value>(&line).context("TRL output")?);
     }
+    // The median round (of two, the slower), as an index so its breakdown goes with its time.
     let median = |v: &[Value]| {
-        let mut x: Vec<f64> = v.iter().map(|r| r["seconds_per_step"].as_f64().unwrap()).collect();
-        x.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        x[x.len() / 2]
+        let mut i: Vec<usize> = (0..v.len()).collect();
+        i.sort_by(|&a, &b| v[a]["seconds_per_step"].as_f64().partial_cmp(&v[b]["seconds_per_step"].as_f64()).unwrap());
+        i[i.len() / 2]
     };
-    let (k, t) = (median(&ours), median(&trl));
+    let (mk, mt) = (median(&ours), median(&trl));
+    let seconds = |r: &Value| r["seconds_per_step"].as_f64().unwrap();
+    let (k, t) = (seconds(&ours[mk]), seconds(&trl[mt]));
     // Each round's TRL time over the knowrl time measured just before it: a neighbour's load
     // that comes and goes shows as a spread here, not as a different headline.
-    let per_round: Vec<f64> = ours
-        .iter()
-        .zip(&trl)
-        .map(|(o, r)| r["seconds_per_step"].as_f64().unwrap() / o["seconds_per_step"].as_f64().unwrap())
-        .collect();
+    let per_round: Vec<f64> = ours.iter().zip(&trl).map(|(o, r)| seconds(r) / seconds(o)).collect();
     let result = json!({
         "trl_speedup": t / k,
         "trl_speedup_per_round": per_round,
         "knowrl_seconds_per_step": k,
         "trl_seconds_per_step": t,
+        "knowrl_breakdown_s": ours[mk]["breakdown_s"],
         "setting": {"model": model.file_name().map(|s| s.to_string_lossy().to_string()), "prompts": 4, "samples_per_prompt": 8,
                     "max_new_tokens": 64, "temperature": 1.0, "kl": 0.0, "micro_batch": 32, "threads": a.bench_threads, "steps_per_process": a.steps,
                     "rounds": a.rounds, "device": "cpu", "dtype": "f32"},
@@ -193,7 +193,7 @@ pub fn run(a: Args) -> Result<()> {
         "GRPO step: knowrl {k:.2} s vs TRL {t:.2} s → {:.2}x (per round {}; breakdown {}); wrote {}",
         t / k,
         per_round.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(" "),
-        ours[0]["breakdown_s"],
+        ours[mk]["breakdown_s"],
         a.out.display()
     );
     Ok(())
