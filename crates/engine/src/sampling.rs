@@ -94,7 +94,7 @@ pub struct Scratch {
 
 /// [`sample`] with caller-owned buffers.
 pub fn sample_with(logits: &[f32], p: &SamplingParams, rng: &mut Rng, scratch: &mut Scratch) -> (u32, f32) {
-    let max = max_of(logits);
+    let max = crate::vmath::max(logits);
     if p.temperature <= 0.0 {
         let best = logits.iter().position(|&v| v == max).unwrap_or(0);
         let z = exp_shifted(logits, max, 1.0, scratch);
@@ -148,20 +148,6 @@ pub fn sample_with(logits: &[f32], p: &SamplingParams, rng: &mut Rng, scratch: &
 
 /// Tokens per block of the inverse-CDF walk.
 const BLOCK: usize = 256;
-
-/// The largest logit.
-fn max_of(logits: &[f32]) -> f32 {
-    // Eight running maxima so the loop vectorises (`fold(f32::max)` is one dependency chain).
-    let mut m = [f32::NEG_INFINITY; 8];
-    let chunks = logits.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for j in 0..8 {
-            m[j] = if c[j] > m[j] { c[j] } else { m[j] };
-        }
-    }
-    tail.iter().chain(m.iter()).fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
-}
 
 /// Fills `s` with e^((l − max)·inv_t) per logit and the f64 sum of each [`BLOCK`]; returns Z,
 /// the sum of the block sums.

@@ -201,16 +201,15 @@ fn response_scores_in(
     let dev = lm.device();
     let b = reqs.len() as i64;
     let r_max = reqs.iter().map(|q| q.response.len()).max().unwrap_or(0).max(1) as i64;
-    let (mut dst, mut targets, mut keep) = (vec![], vec![], vec![0f32; (b * r_max) as usize]);
+    let (mut dst, mut target_ids, mut keep) = (vec![], vec![], vec![0f32; (b * r_max) as usize]);
     for (i, q) in reqs.iter().enumerate() {
         for (t, &tok) in q.response.iter().enumerate() {
             dst.push(i as i64 * r_max + t as i64);
-            targets.push(tok as i64);
+            target_ids.push(tok as i64);
             keep[(i as i64 * r_max) as usize + t] = q.loss_mask.map_or(1.0, |m| m[t] as u8 as f32);
         }
     }
     let dst = Tensor::from_slice(&dst).to_device(dev);
-    let target_ids = targets;
     let targets = Tensor::from_slice(&target_ids).to_device(dev).unsqueeze(1);
     // The [N, vocab] log-softmax runs `chunk` rows at a time. Whole, it is one 300+ MB tensor
     // per step (plus as many for the entropy and the backward) whose size follows the completion
@@ -221,10 +220,10 @@ fn response_scores_in(
     let (mut lp, mut ent) = (vec![], vec![]);
     let n = h.size()[0];
     let starts: Vec<i64> = if n == 0 { vec![0] } else { (0..n).step_by(chunk as usize).collect() };
+    let inv_t = if temperature > 0.0 { 1.0 / temperature } else { 1.0 };
     for start in starts {
         let len = chunk.min(n - start);
         let logits = lm.logits(&h.narrow(0, start, len));
-        let inv_t = if temperature > 0.0 { 1.0 / temperature } else { 1.0 };
         let ids = &target_ids[start as usize..(start + len) as usize];
         let one_pass = fused.then(|| target_logprobs(&logits, ids, inv_t as f32, logits.requires_grad())).flatten();
         if let Some((value, entropy, q)) = one_pass {

@@ -58,58 +58,37 @@ pub fn target_logprobs(
 
 /// One row: writes q = softmax − onehot(target) into `q`, returns (log p(target), entropy).
 fn softmax_row(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) {
-    let max = if crate::vmath::avx512() {
-        // SAFETY: the features are present.
-        unsafe { max_avx512(x) }
-    } else {
-        max_lanes(x)
-    };
-    let mut sums = (0f64, 0f64);
     if crate::vmath::avx512() {
-        // SAFETY: as above.
-        unsafe { exps_avx512(x, max, inv_t, q, &mut sums) };
+        // SAFETY: the features are present.
+        unsafe { softmax_row_avx512(x, target, inv_t, q) }
     } else {
-        exps(x, max, inv_t, q, &mut sums);
+        softmax_row_plain(x, target, inv_t, q)
     }
+}
+
+crate::vmath::avx512_twin!(fn softmax_row_avx512(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) = softmax_row_plain);
+
+#[inline(always)]
+fn softmax_row_plain(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) {
+    let max = crate::vmath::max(x);
     // With u = (x − max)/t: s = Σ e^u, su = Σ e^u·u; log Z = max/t + ln s and
     // H = log Z − Σ p·z = ln s − su/s.
-    let (s, su) = sums;
+    let (s, su) = exps(x, max, inv_t, q);
     let ln_s = s.ln();
     let inv_s = (1.0 / s) as f32;
-    if crate::vmath::avx512() {
-        // SAFETY: as above.
-        unsafe { scale_avx512(q, inv_s) };
-    } else {
-        scale(q, inv_s);
+    for v in q.iter_mut() {
+        *v *= inv_s;
     }
     q[target] -= 1.0;
     let logprob = ((x[target] - max) * inv_t) as f64 - ln_s;
     (logprob, ln_s - su / s)
 }
 
-crate::vmath::avx512_twin!(fn max_avx512(x: &[f32]) -> f32 = max_lanes);
-crate::vmath::avx512_twin!(fn exps_avx512(x: &[f32], max: f32, inv_t: f32, q: &mut [f32], sums: &mut (f64, f64)) = exps);
-crate::vmath::avx512_twin!(fn scale_avx512(q: &mut [f32], by: f32) = scale);
-
-/// max in 16 lanes (`f32::max` ignores NaN, as the op path's max does not; logits have none).
-#[inline(always)]
-fn max_lanes(x: &[f32]) -> f32 {
-    let mut m = [f32::NEG_INFINITY; 16];
-    let chunks = x.chunks_exact(16);
-    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for c in chunks {
-        for l in 0..16 {
-            m[l] = m[l].max(c[l]);
-        }
-    }
-    m.iter().fold(tail, |a, &b| a.max(b))
-}
-
-/// q_i = e^{u_i}, u_i = (x_i − max)·inv_t; sums += (Σ e^u, Σ e^u·u) in float64. Two loops,
+/// q_i = e^{u_i}, u_i = (x_i − max)·inv_t; returns (Σ e^u, Σ e^u·u) in float64. Two loops,
 /// each of which the compiler vectorises (one loop doing both stays scalar); the second rereads
 /// the row from cache. Eight partial sums, so the f64 adds do not wait on one accumulator.
 #[inline(always)]
-fn exps(x: &[f32], max: f32, inv_t: f32, q: &mut [f32], sums: &mut (f64, f64)) {
+fn exps(x: &[f32], max: f32, inv_t: f32, q: &mut [f32]) -> (f64, f64) {
     for (o, &xi) in q.iter_mut().zip(x) {
         *o = exp_f32((xi - max) * inv_t);
     }
@@ -125,15 +104,7 @@ fn exps(x: &[f32], max: f32, inv_t: f32, q: &mut [f32], sums: &mut (f64, f64)) {
             su[j] += (es[j] * ((xs[j] - max) * inv_t)) as f64;
         }
     }
-    sums.0 += s.iter().sum::<f64>();
-    sums.1 += su.iter().sum::<f64>();
-}
-
-#[inline(always)]
-fn scale(q: &mut [f32], by: f32) {
-    for v in q {
-        *v *= by;
-    }
+    (s.iter().sum(), su.iter().sum())
 }
 
 #[cfg(test)]

@@ -63,6 +63,21 @@ pub fn sum(a: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// The largest element, in 16 running maxima so the loop vectorises (a `fold(f32::max)` is one
+/// dependency chain). NaN-free input assumed (logits).
+#[inline(always)]
+pub fn max(a: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = a.chunks_exact(16);
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+    for c in chunks {
+        for l in 0..16 {
+            m[l] = m[l].max(c[l]);
+        }
+    }
+    m.iter().fold(tail, |x, &y| x.max(y))
+}
+
 /// e^x for x ≤ 0 in f32 (Cephes' expf: x = n·ln2 + r, |r| ≤ ln2/2, a degree-5 polynomial in
 /// r, scaled by 2ⁿ through the exponent bits); within 2.5e-7 relative of the exact value on
 /// [−87, 0], and 0 below, so a −∞ logit keeps probability 0. Branch-free, so loops over it
