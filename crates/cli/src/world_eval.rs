@@ -13,9 +13,9 @@ use knowrl_retrieval::Retriever;
 use knowrl_rl::agent::AgentConfig;
 use knowrl_rl::reward::exact_match;
 use knowrl_rl::task::Prompt;
-use knowrl_world::prompts;
 use knowrl_world::questions::{Question, Split};
 use knowrl_world::suites::ScenarioItem;
+use knowrl_world::{diagnose, prompts};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -170,13 +170,23 @@ pub fn run(a: EvalArgs) -> Result<()> {
     };
     report.insert("agent_2hop_em".into(), json!(em_hops(2)));
     let n = agent_rows.len().max(1) as f64;
-    let agent = json!({
+    let mut agent = json!({
         "n": agent_rows.len(), "em": agent_rows.iter().filter(|r| r.1).count() as f64 / n,
         "em_1hop": em_hops(1), "em_2hop": em_hops(2), "em_3hop": em_hops(3),
         "tool_calls_per_question": agent_rows.iter().map(|r| r.2).sum::<usize>() as f64 / n,
         "over_search_rate": agent_rows.iter().filter(|r| r.2 > r.0.min_searches).count() as f64 / n,
         "under_search_rate": agent_rows.iter().filter(|r| r.2 < r.0.min_searches).count() as f64 / n,
     });
+    // Where wrong answers first go wrong, per hop count: the subject not searched, its passage
+    // not retrieved, or the answer misread (knowrl_world::diagnose).
+    let facts: knowrl_world::world::World = serde_json::from_value(world.clone())?;
+    let mut funnel: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for (r, t) in agent_rows.iter().zip(&trajs) {
+        let results = diagnose::results_text(&t.text);
+        let o = diagnose::outcome(&facts, r.0, &t.queries, &t.retrieved_ids, &results, t.answer.as_deref(), r.1);
+        *funnel.entry(format!("{}hop", r.0.hops)).or_default().entry(o.key()).or_default() += 1;
+    }
+    agent["outcomes"] = json!(funnel);
     report.insert("scenarios".into(), scen.clone());
     report.insert("agent".into(), agent.clone());
     report.insert("seconds".into(), json!(t0.elapsed().as_secs_f64()));
@@ -191,7 +201,15 @@ pub fn run(a: EvalArgs) -> Result<()> {
             v["pk_n"]
         );
     }
-    println!("\nagent (test split): {agent}");
+    println!(
+        "\nagent (test split): {}",
+        json!({"em": agent["em"], "em_1hop": agent["em_1hop"],
+        "em_2hop": agent["em_2hop"], "em_3hop": agent["em_3hop"], "tool_calls_per_question": agent["tool_calls_per_question"]})
+    );
+    for (hops, counts) in &funnel {
+        let row: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        println!("  {hops}: {}", row.join(", "));
+    }
     println!("\ncalibration:");
     for k in [
         "pk_query_only_em",

@@ -56,30 +56,32 @@ fn retrieved<'a>(
 /// question itself (what Search-R1 agents typically issue first, and what the retriever was
 /// trained on); later ones name the bridge entity read from the previous results.
 pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(String, bool)> {
-    trajectory(built, q, None, rng)
+    let truth: Vec<usize> = q.chain.iter().map(|&f| built.world.facts[f].object).collect();
+    trajectory(built, q, &truth, rng)
 }
 
-/// [`agent_trajectory`] with the last hop's retrieved passage stating `object` instead of the
-/// true one, and that object as the answer; None = the true world.
-fn trajectory(built: &Built, q: &Question, object: Option<usize>, rng: &mut Rng) -> Vec<(String, bool)> {
+/// The trajectory of `q` in a world where hop k's retrieved passage says its subject's relation
+/// points to `objects[k]`: the next search names `objects[k]`, the answer is the last one.
+/// `objects` = the chain's true objects is the real world; any other hop's passage is restated.
+fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> Vec<(String, bool)> {
     let w = &built.world;
     let by_entity: HashMap<usize, &WorldPassage> =
         built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
     let enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
     let mut segs = vec![];
-    for (hop, &f) in q.chain.iter().enumerate() {
-        let fact = &w.facts[f];
-        let s = fact.subject;
-        let query = if hop == 0 { q.question.as_str() } else { w.entity(s).name.as_str() };
+    let mut subject = w.facts[q.chain[0]].subject;
+    for (hop, (&f, &object)) in q.chain.iter().zip(objects).enumerate() {
+        let query = if hop == 0 { q.question.as_str() } else { w.entity(subject).name.as_str() };
         segs.push((prompts::search(query), true));
-        let mut hits: Vec<Hit> = retrieved(w, &by_entity, &enc, s, rng).into_iter().map(hit).collect();
-        if let (Some(o), true) = (object, hop + 1 == q.chain.len()) {
-            restate(w, f, o, hits.iter_mut().map(|h| &mut h.contents));
+        let mut hits: Vec<Hit> = retrieved(w, &by_entity, &enc, subject, rng).into_iter().map(hit).collect();
+        let stated = w.fact(subject, w.facts[f].relation).expect("a chain's subjects have its relations");
+        if stated.object != object {
+            restate(w, stated.id, object, hits.iter_mut().map(|h| &mut h.contents));
         }
         segs.push((information_block(&hits, PassageStyle::SearchR1), false));
+        subject = object;
     }
-    let answer = object.map_or(q.answer.clone(), |o| w.entity(o).name.clone());
-    segs.push((prompts::answer(&answer), true));
+    segs.push((prompts::answer(&w.entity(*objects.last().unwrap()).name), true));
     segs
 }
 
@@ -100,12 +102,68 @@ pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> 
     let by_kind = by_kind(w);
     for q in questions.iter().cycle().take(n) {
         let Some(o) = made_up_object(w, &by_kind, *q.chain.last().unwrap(), &mut rng) else { continue };
+        let mut objects: Vec<usize> = q.chain.iter().map(|&f| w.facts[f].object).collect();
+        *objects.last_mut().unwrap() = o;
         out.push(Example {
             user: Some(prompts::agent(&q.question)),
-            segments: trajectory(built, q, Some(o), &mut rng),
+            segments: trajectory(built, q, &objects, &mut rng),
         });
     }
     out
+}
+
+/// Bridge-copying practice on the real world's names: train-split multi-hop questions (any,
+/// PK or not) whose every retrieved hop names a random entity of the right kind, a coherent
+/// made-up chain, so each bridge search must copy the name just read and the answer is the last
+/// made-up object. In the shipped policy's 2-hop test trajectories, 77 of 115 second searches
+/// named another city than the one its first search had retrieved: real-world trajectories
+/// (PK questions only) can be written from memory, and shadow worlds give few bridges. No target
+/// states a true fact: hop 0's made-up object differs from the truth, later subjects are made up.
+pub fn counterfactual_chains(built: &Built, n: usize, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x0C0F_C4A1);
+    let w = &built.world;
+    let mut questions: Vec<&Question> =
+        built.questions.iter().filter(|q| q.split == Split::Train && q.hops > 1).collect();
+    crate::shuffle(&mut questions, &mut rng);
+    let by_kind = by_kind(w);
+    let mut out = vec![];
+    for q in questions.iter().cycle().take(n) {
+        let Some(objects) = made_up_chain(w, &by_kind, q, &mut rng) else { continue };
+        out.push(Example {
+            user: Some(prompts::agent(&q.question)),
+            segments: trajectory(built, q, &objects, &mut rng),
+        });
+    }
+    out
+}
+
+/// For each hop of `q`, an entity of the kind of its true object, other than the object its
+/// (possibly made-up) subject really has, and one that has the next hop's relation, so the chain
+/// can go on from it. None if some hop has no such entity.
+fn made_up_chain(
+    w: &World,
+    by_kind: &HashMap<crate::world::Kind, Vec<usize>>,
+    q: &Question,
+    rng: &mut Rng,
+) -> Option<Vec<usize>> {
+    let mut subject = w.facts[q.chain[0]].subject;
+    let mut objects = vec![];
+    for (hop, &f) in q.chain.iter().enumerate() {
+        let relation = w.facts[f].relation;
+        let truth = w.fact(subject, relation)?.object;
+        let next = q.chain.get(hop + 1).map(|&g| w.facts[g].relation);
+        let candidates: Vec<usize> = by_kind[&w.entity(truth).kind]
+            .iter()
+            .copied()
+            .filter(|&e| e != truth && next.is_none_or(|r| w.fact(e, r).is_some()))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        subject = candidates[rng.below(candidates.len())];
+        objects.push(subject);
+    }
+    Some(objects)
 }
 
 /// The same practice in the S1 format: train-split correct-context items (single- and multi-hop,
@@ -115,11 +173,15 @@ pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> 
 /// memorise them, and S1 items of non-PK questions are not trained (`pk_only_targets`): the
 /// shipped policy read 29 of its 32 S1 test misses on non-PK questions as a popular name from
 /// memory ("Thaishisilholm" for "Zaibabriholm").
-pub fn counterfactual_context(built: &Built, n: usize, seed: u64) -> Vec<Example> {
-    let mut rng = Rng::new(seed ^ 0x0C0F_C7E7);
+///
+/// `scenario` "S5" draws partially-relevant items instead (gold plus look-alike and same-kind
+/// distractors): the same practice where the right passage must first be found.
+pub fn counterfactual_context(built: &Built, scenario: &str, n: usize, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x0C0F_C7E7 ^ if scenario == "S1" { 0 } else { 0x55 });
     let w = &built.world;
     let question: HashMap<&str, &Question> = built.questions.iter().map(|q| (q.id.as_str(), q)).collect();
-    let mut items: Vec<_> = built.scenarios.iter().filter(|s| s.split == Split::Train && s.scenario == "S1").collect();
+    let mut items: Vec<_> =
+        built.scenarios.iter().filter(|s| s.split == Split::Train && s.scenario == scenario).collect();
     crate::shuffle(&mut items, &mut rng);
     let by_kind = by_kind(w);
     let mut out = vec![];

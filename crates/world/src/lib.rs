@@ -4,6 +4,7 @@
 //! context-reliability scenarios.
 pub mod config;
 pub mod corpus;
+pub mod diagnose;
 pub mod habits;
 pub mod names;
 pub mod pretrain;

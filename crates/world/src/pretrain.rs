@@ -7,7 +7,9 @@
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
-use crate::habits::{counterfactual_agent, counterfactual_context, examples, reading_examples, Example};
+use crate::habits::{
+    counterfactual_agent, counterfactual_chains, counterfactual_context, examples, reading_examples, Example,
+};
 use crate::prompts::CHAT_TEMPLATE;
 use crate::questions::Split;
 use crate::Built;
@@ -67,11 +69,20 @@ pub struct PretrainConfig {
     /// object, the trained answer (`habits::counterfactual_agent`; a new draw each epoch).
     #[serde(default)]
     pub counterfactual_agent: usize,
+    /// Real-world multi-hop agent trajectories per epoch along a made-up chain: every retrieved
+    /// hop names a random entity, which the next search must copy (`habits::counterfactual_chains`;
+    /// a new draw each epoch).
+    #[serde(default)]
+    pub counterfactual_chains: usize,
     /// Real-world S1 items per epoch whose last-hop sentence names a made-up object, the trained
     /// answer (`habits::counterfactual_context`; a new draw each epoch): reading practice on the
     /// real names in the context format.
     #[serde(default)]
     pub counterfactual_contexts: usize,
+    /// The same with partially-relevant (S5) items: gold passages among look-alike and same-kind
+    /// distractors, so the right passage must be found before its made-up object is copied.
+    #[serde(default)]
+    pub counterfactual_distractors: usize,
     /// Train no real-world target that states a non-PK fact (agent trajectories of questions
     /// with a non-PK hop, S1/S5 items of non-PK questions), so the policy's parametric knowledge
     /// is exactly the PK split; reading unknown facts is learnt from shadow worlds.
@@ -109,7 +120,9 @@ impl Default for PretrainConfig {
             shadow_contexts: 1200,
             shadow_agent: 800,
             counterfactual_agent: 0,
+            counterfactual_chains: 0,
             counterfactual_contexts: 0,
+            counterfactual_distractors: 0,
             pk_only_targets: true,
         }
     }
@@ -237,8 +250,10 @@ pub fn train_policy(
         let seed = cfg.seed + k as u64;
         let reading = reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, seed);
         let agent = counterfactual_agent(built, cfg.counterfactual_agent, seed);
-        let contexts = counterfactual_context(built, cfg.counterfactual_contexts, seed);
-        for e in reading.iter().chain(&agent).chain(&contexts) {
+        let mut contexts = counterfactual_context(built, "S1", cfg.counterfactual_contexts, seed);
+        contexts.extend(counterfactual_context(built, "S5", cfg.counterfactual_distractors, seed));
+        let chains = counterfactual_chains(built, cfg.counterfactual_chains, seed);
+        for e in reading.iter().chain(&agent).chain(&contexts).chain(&chains) {
             data.push(encode(&tok, e)?);
         }
         shadows.push((start..data.len()).collect());

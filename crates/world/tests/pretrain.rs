@@ -86,8 +86,8 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
         .map(|s| (knowrl_world::prompts::with_context(&s.question, &s.context), s))
         .collect();
     let (cc, cc2) = (
-        knowrl_world::habits::counterfactual_context(&built, 40, 2),
-        knowrl_world::habits::counterfactual_context(&built, 40, 3),
+        knowrl_world::habits::counterfactual_context(&built, "S1", 40, 2),
+        knowrl_world::habits::counterfactual_context(&built, "S1", 40, 3),
     );
     assert_eq!(cc.len(), 40);
     assert_ne!(cc, cc2);
@@ -200,4 +200,89 @@ fn a_deepened_policy_computes_the_same_function_and_then_trains_its_new_layers()
     // Shrinking or changing the width is refused, naming the directory.
     let err = deepened(&deep, &cfg(2), 4, dir).err().unwrap().to_string();
     assert!(err.contains("init") && err.contains("shrink"), "{err}");
+}
+
+/// Bridge practice along a made-up chain: every retrieved hop states an object other than the
+/// one its subject really has, the next search copies that object's name, the answer is the
+/// last one; searches and the answer are trained, the retrieved text is not.
+#[test]
+fn counterfactual_chains_copy_each_made_up_bridge() {
+    use knowrl_world::prompts;
+    let built = knowrl_world::build(&small());
+    let w = &built.world;
+    let chains = knowrl_world::habits::counterfactual_chains(&built, 25, 2);
+    assert_eq!(chains.len(), 25);
+    assert_ne!(chains, knowrl_world::habits::counterfactual_chains(&built, 25, 3));
+    let by_prompt: std::collections::HashMap<String, &knowrl_world::questions::Question> =
+        built.questions.iter().map(|q| (prompts::agent(&q.question), q)).collect();
+    let named = |text: &str, wrap: &dyn Fn(&str) -> String| {
+        w.entities.iter().find(|e| wrap(&e.name) == text).map(|e| e.id).expect("names an entity")
+    };
+    let mut three_hop = 0;
+    for e in &chains {
+        let q = by_prompt[e.user.as_ref().unwrap()];
+        assert!(q.split == knowrl_world::questions::Split::Train && q.hops > 1);
+        assert_eq!(e.segments.len(), 2 * q.hops + 1);
+        assert_eq!(e.segments[0], (prompts::search(&q.question), true));
+        let mut subject = w.facts[q.chain[0]].subject;
+        for (hop, &f) in q.chain.iter().enumerate() {
+            let (info, trained) = &e.segments[2 * hop + 1];
+            assert!(!trained);
+            let next = &e.segments[2 * hop + 2];
+            assert!(next.1);
+            let o = if hop + 1 < q.hops {
+                named(&next.0, &|n: &str| prompts::search(n))
+            } else {
+                named(&next.0, &|n: &str| prompts::answer(n))
+            };
+            let relation = w.facts[f].relation;
+            let truth = w.fact(subject, relation).unwrap().object;
+            assert_ne!(o, truth, "hop {hop} states the true object");
+            assert_eq!(w.entity(o).kind, w.entity(truth).kind);
+            assert!(info.contains(&sentence(w, subject, relation, o)), "{info}");
+            assert!(!info.contains(&sentence(w, subject, relation, truth)), "{info}");
+            subject = o;
+        }
+        three_hop += (q.hops == 3) as usize;
+    }
+    assert!(three_hop > 0, "3-hop questions are drawn too");
+}
+
+/// Counterfactual practice on partially-relevant (S5) items: the train item's passages, gold
+/// among distractors, with only the last hop's sentence restated to a made-up object of the right
+/// kind, which is the trained answer.
+#[test]
+fn counterfactual_distractor_items_restate_only_the_gold_sentence() {
+    let built = knowrl_world::build(&small());
+    let w = &built.world;
+    let items = knowrl_world::habits::counterfactual_context(&built, "S5", 30, 2);
+    assert_eq!(items.len(), 30);
+    let q_of: std::collections::HashMap<&str, &knowrl_world::questions::Question> =
+        built.questions.iter().map(|q| (q.id.as_str(), q)).collect();
+    let s5: Vec<_> = built
+        .scenarios
+        .iter()
+        .filter(|s| s.scenario == "S5" && s.split == knowrl_world::questions::Split::Train)
+        .collect();
+    for e in &items {
+        let (user, answer) = (e.user.as_ref().unwrap(), &e.segments[0].0);
+        let made_up = answer.trim_start_matches("<answer> ").trim_end_matches(" </answer>");
+        let o = w.entities.iter().find(|x| x.name == made_up).expect("the answer is an entity");
+        let item = s5
+            .iter()
+            .find(|s| {
+                let last = &w.facts[*q_of[s.question_id.as_str()].chain.last().unwrap()];
+                let (t, m) = (
+                    sentence(w, last.subject, last.relation, last.object),
+                    sentence(w, last.subject, last.relation, o.id),
+                );
+                let ctx: Vec<String> = s.context.iter().map(|c| c.replace(&t, &m)).collect();
+                o.id != last.object
+                    && o.kind == w.entity(last.object).kind
+                    && ctx != s.context
+                    && knowrl_world::prompts::with_context(&s.question, &ctx) == *user
+            })
+            .expect("an S5 train item with its last-hop sentence restated");
+        assert!(item.context.len() > 1, "distractors are kept");
+    }
 }
