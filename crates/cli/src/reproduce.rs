@@ -441,8 +441,9 @@ struct BridgeEval {
     fidelity: Vec<(String, f64)>,
 }
 
+/// Mean of a per-step metric over the steps that recorded a finite value.
 fn mean_extra(m: &[StepMetrics], key: &str) -> f64 {
-    let v: Vec<f64> = m.iter().filter_map(|x| x.extra.get(key).copied()).collect();
+    let v: Vec<f64> = m.iter().filter_map(|x| x.extra.get(key).copied()).filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         f64::NAN
     } else {
@@ -566,7 +567,7 @@ fn bridge(a: Args) -> Result<()> {
     let rss_ratio = m("BRIDGE", "update_peak_bytes") / m(two, "update_peak_bytes");
     let time_ratio = m("BRIDGE", "update_s") / m(two, "update_s");
     md += &format!(
-        "\n## Estimator fidelity (vs the two-state estimator, on the two-state run's batches)\n\n| estimator | cosine | relative error |\n|---|---|---|\n| BRIDGE | {:.3} | {:.3} |\n| Drop | {:.3} | {:.3} |\n",
+        "\n## Estimator fidelity (vs the two-state estimator, on the two-state run's batches; cosine over those with an RL gradient)\n\n| estimator | cosine | relative error |\n|---|---|---|\n| BRIDGE | {:.3} | {:.3} |\n| Drop | {:.3} | {:.3} |\n",
         m(two, "fidelity_cos_bridge"), m(two, "fidelity_relerr_bridge"), m(two, "fidelity_cos_drop"), m(two, "fidelity_relerr_drop")
     );
     md += &format!(

@@ -451,7 +451,7 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], state: &mut BridgeState) -> knowrl_e
         }
     }
     if cfg.fidelity_every > 0 && ctx.step.is_multiple_of(cfg.fidelity_every) && out.rag.len() == 2 {
-        for (k, v) in fidelity(ctx, &pg, &out.rag)? {
+        for (k, v) in fidelity(ctx, &pg, &out.rag)?.into_iter().filter(|(_, v)| v.is_finite()) {
             metrics.extra.insert(k, v);
         }
     }
@@ -508,7 +508,16 @@ fn fidelity(
     }
     let two = &g_rl + &g_gamma + &g_star;
     let drop = &g_rl + &g_gamma;
-    let cos = |a: &Tensor, b: &Tensor| (a.dot(b) / (a.norm() * b.norm()).clamp_min(1e-30)).double_value(&[]);
+    // A batch whose advantages are all zero has no RL gradient: BRIDGE's direction is undefined
+    // there (NaN: not recorded), while its relative error, 1, says it missed the update.
+    let cos = |a: &Tensor, b: &Tensor| {
+        let n = (a.norm() * b.norm()).double_value(&[]);
+        if n > 0.0 {
+            a.dot(b).double_value(&[]) / n
+        } else {
+            f64::NAN
+        }
+    };
     let rel = |a: &Tensor, b: &Tensor| ((a - b).norm() / b.norm().clamp_min(1e-30)).double_value(&[]);
     Ok(vec![
         ("fidelity_cos_bridge".into(), cos(&g_rl, &two)),
