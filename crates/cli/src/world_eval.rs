@@ -118,9 +118,10 @@ pub fn run(a: EvalArgs) -> Result<()> {
         .into();
 
     let retriever = world_retriever(&a.world)?;
-    let world: Value = serde_json::from_str(&std::fs::read_to_string(a.world.join("world.json"))?)?;
-    let subject_of = |fact: usize| world["facts"][fact]["subject"].as_u64().unwrap() as usize;
-    let name_of = |e: usize| world["entities"][e]["name"].as_str().unwrap().to_string();
+    let world: knowrl_world::world::World =
+        serde_json::from_str(&std::fs::read_to_string(a.world.join("world.json"))?)?;
+    let subject_of = |fact: usize| world.facts[fact].subject;
+    let name_of = |e: usize| world.entity(e).name.clone();
     // First-hop query: the question (h_0); later hops: the bridge entity, as the agent searches it.
     let recall = |hop: usize| -> Result<f64> {
         let qs: Vec<&Question> = test.iter().copied().filter(|q| q.hops > hop).collect();
@@ -179,11 +180,10 @@ pub fn run(a: EvalArgs) -> Result<()> {
     });
     // Where wrong answers first go wrong, per hop count: the subject not searched, its passage
     // not retrieved, or the answer misread (knowrl_world::diagnose).
-    let facts: knowrl_world::world::World = serde_json::from_value(world.clone())?;
     let mut funnel: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     for (r, t) in agent_rows.iter().zip(&trajs) {
         let results = diagnose::results_text(&t.text);
-        let o = diagnose::outcome(&facts, r.0, &t.queries, &t.retrieved_ids, &results, t.answer.as_deref(), r.1);
+        let o = diagnose::outcome(&world, r.0, &t.queries, &t.retrieved_ids, &results, t.answer.as_deref(), r.1);
         *funnel.entry(format!("{}hop", r.0.hops)).or_default().entry(o.key()).or_default() += 1;
     }
     agent["outcomes"] = json!(funnel);

@@ -56,8 +56,12 @@ fn retrieved<'a>(
 /// question itself (what Search-R1 agents typically issue first, and what the retriever was
 /// trained on); later ones name the bridge entity read from the previous results.
 pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(String, bool)> {
-    let truth: Vec<usize> = q.chain.iter().map(|&f| built.world.facts[f].object).collect();
-    trajectory(built, q, &truth, rng)
+    trajectory(built, q, &true_objects(&built.world, q), rng)
+}
+
+/// The object of each hop of `q` in the real world.
+fn true_objects(w: &World, q: &Question) -> Vec<usize> {
+    q.chain.iter().map(|&f| w.facts[f].object).collect()
 }
 
 /// The trajectory of `q` in a world where hop k's retrieved passage says its subject's relation
@@ -102,7 +106,7 @@ pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> 
     let by_kind = by_kind(w);
     for q in questions.iter().cycle().take(n) {
         let Some(o) = made_up_object(w, &by_kind, *q.chain.last().unwrap(), &mut rng) else { continue };
-        let mut objects: Vec<usize> = q.chain.iter().map(|&f| w.facts[f].object).collect();
+        let mut objects = true_objects(w, q);
         *objects.last_mut().unwrap() = o;
         out.push(Example {
             user: Some(prompts::agent(&q.question)),
