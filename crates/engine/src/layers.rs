@@ -39,6 +39,9 @@ impl LoraConfig {
     }
 }
 
+/// transformers' default `initializer_range` (Llama, Qwen, BERT configs).
+pub const INIT_STD: f64 = 0.02;
+
 #[derive(Debug)]
 pub struct LoraAdapter {
     pub a: Tensor, // [rank, in]
@@ -57,15 +60,19 @@ pub struct Linear {
 impl Linear {
     /// `p` is the module's path (e.g. `model.layers.0.self_attn.q_proj`); `name` its last
     /// component, matched against the LoRA target list.
-    /// `random`: uniform init (random test models); otherwise zeros, to be overwritten by a
-    /// checkpoint without paying for a random fill of billions of weights.
+    /// `random`: transformers' `_init_weights` for Llama and BERT (weight ~ N(0, 0.02), bias 0;
+    /// models built from scratch, e.g. the world policy); otherwise zeros, to be overwritten by
+    /// a checkpoint without paying for a random fill of billions of weights. The previous
+    /// PyTorch-`nn.Linear`-style uniform ±1/√in (std 0.051 at width 128) slowed learning to
+    /// copy a name from the prompt ~2× in a side-by-side PyTorch run (copy-drill loss 3.6 vs
+    /// 1.6 after 300 steps).
     pub fn new(p: &Path, name: &str, dims: (i64, i64), bias: bool, lora: Option<&LoraConfig>, random: bool) -> Linear {
         let (in_dim, out_dim) = dims;
         let p = p / name;
         let bound = 1.0 / (in_dim as f64).sqrt();
-        let init = if random { Init::Uniform { lo: -bound, up: bound } } else { Init::Const(0.0) };
+        let init = if random { Init::Randn { mean: 0.0, stdev: INIT_STD } } else { Init::Const(0.0) };
         let weight = p.var("weight", &[out_dim, in_dim], init);
-        let bias = bias.then(|| p.var("bias", &[out_dim], init));
+        let bias = bias.then(|| p.var("bias", &[out_dim], Init::Const(0.0)));
         let lora = lora.filter(|c| c.targets(name)).map(|c| LoraAdapter {
             a: (&p / "lora_A").var("weight", &[c.rank, in_dim], Init::Uniform { lo: -bound, up: bound }),
             b: (&p / "lora_B").var("weight", &[out_dim, c.rank], Init::Const(0.0)),

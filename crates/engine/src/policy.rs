@@ -147,3 +147,49 @@ impl Policy {
         crate::fsutil::sync_dir(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model built from scratch starts as transformers' `_init_weights` starts it: every
+    /// matrix (embeddings, projections, untied head) ~ N(0, 0.02), biases 0, norm weights 1;
+    /// LoRA A keeps PEFT's Kaiming-uniform bound 1/√in, B is 0.
+    #[test]
+    fn random_init_is_transformers_init() {
+        let v = serde_json::json!({
+            "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 300,
+            "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 64, "tie_word_embeddings": false,
+        });
+        let cfg = crate::config::DecoderConfig::from_value(Path::new("config.json"), v).unwrap();
+        let lora = crate::LoraConfig {
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            target_modules: vec!["q_proj".into(), "down_proj".into()],
+        };
+        let p = Policy::random(&cfg, &LoadOptions { lora: Some(lora), ..Default::default() }, 3);
+        let (mut matrices, mut biases) = (0, 0);
+        for (name, t) in p.parameters() {
+            let t = t.detach();
+            if name.contains("lora_A") {
+                let bound = 1.0 / (t.size()[1] as f64).sqrt();
+                assert!(t.abs().max().double_value(&[]) <= bound, "{name}");
+                assert!(t.std(true).double_value(&[]) > 0.5 * bound / 3f64.sqrt(), "{name}");
+            } else if name.contains("lora_B") || name.ends_with(".bias") {
+                assert_eq!(t.abs().max().double_value(&[]), 0.0, "{name}");
+                biases += name.ends_with(".bias") as usize;
+            } else if name.contains("norm") {
+                assert_eq!((t - 1.0).abs().max().double_value(&[]), 0.0, "{name}");
+            } else {
+                let (mean, std) = (t.mean(tch::Kind::Double).double_value(&[]), t.std(true).double_value(&[]));
+                assert!(mean.abs() < 0.003 && (std - 0.02).abs() < 0.002, "{name}: mean {mean}, std {std}");
+                matrices += 1;
+            }
+        }
+        // 2 layers × (q, k, v, o, gate, up, down) + embeddings + head; q/k/v biases.
+        assert_eq!((matrices, biases), (16, 6));
+    }
+}

@@ -293,6 +293,28 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
     out
 }
 
+/// Copy drills: "Repeat: <4–8 made-up names>" answered with the same names. Every name piece
+/// after the first is a copy target, ~10× the targets of a reading item, so the circuit that
+/// continues a multi-token name found in the context (an induction head) gets a strong signal;
+/// without it the policy copied only a name's first piece (0 of 40 S1 items on a seen shadow
+/// world after 12 epochs of 3,000 reading items). A new draw per call.
+pub fn copy_drills(n: usize, seed: u64) -> Vec<Example> {
+    let mut rng = Rng::new(seed ^ 0x00C0_E7D1);
+    (0..n)
+        .map(|_| {
+            let k = 4 + rng.below(5);
+            let names: Vec<String> = (0..k)
+                .map(|_| match rng.below(3) {
+                    0 => format!("{} {}", crate::names::Names::given(&mut rng), crate::names::Names::surname(&mut rng)),
+                    _ => crate::names::Names::surname(&mut rng),
+                })
+                .collect();
+            let text = names.join(", ");
+            Example { user: Some(prompts::repeat(&text)), segments: vec![(text, true)] }
+        })
+        .collect()
+}
+
 /// Reading practice from a *shadow* world (same config, another seed): every name and fact is
 /// new to the policy, so the only way to answer is to read the context or the search results —
 /// copying, not recall. `contexts` S1/S2/S5 items and `agent` search trajectories, drawn at random

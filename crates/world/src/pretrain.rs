@@ -8,7 +8,8 @@
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
 use crate::habits::{
-    counterfactual_agent, counterfactual_chains, counterfactual_context, examples, reading_examples, Example,
+    copy_drills, counterfactual_agent, counterfactual_chains, counterfactual_context, examples, reading_examples,
+    Example,
 };
 use crate::prompts::CHAT_TEMPLATE;
 use crate::questions::Split;
@@ -83,6 +84,10 @@ pub struct PretrainConfig {
     /// distractors, so the right passage must be found before its made-up object is copied.
     #[serde(default)]
     pub counterfactual_distractors: usize,
+    /// Copy drills per epoch ("Repeat: <made-up names>"; `habits::copy_drills`, a new draw each
+    /// epoch): practice continuing a multi-token name, which reading items alone did not teach.
+    #[serde(default)]
+    pub copy_drills: usize,
     /// Train no real-world target that states a non-PK fact (agent trajectories of questions
     /// with a non-PK hop, S1/S5 items of non-PK questions), so the policy's parametric knowledge
     /// is exactly the PK split; reading unknown facts is learnt from shadow worlds.
@@ -123,6 +128,7 @@ impl Default for PretrainConfig {
             counterfactual_chains: 0,
             counterfactual_contexts: 0,
             counterfactual_distractors: 0,
+            copy_drills: 0,
             pk_only_targets: true,
         }
     }
@@ -253,7 +259,8 @@ pub fn train_policy(
         let mut contexts = counterfactual_context(built, "S1", cfg.counterfactual_contexts, seed);
         contexts.extend(counterfactual_context(built, "S5", cfg.counterfactual_distractors, seed));
         let chains = counterfactual_chains(built, cfg.counterfactual_chains, seed);
-        for e in reading.iter().chain(&agent).chain(&contexts).chain(&chains) {
+        let copies = copy_drills(cfg.copy_drills, seed);
+        for e in reading.iter().chain(&agent).chain(&contexts).chain(&chains).chain(&copies) {
             data.push(encode(&tok, e)?);
         }
         shadows.push((start..data.len()).collect());

@@ -286,3 +286,21 @@ fn counterfactual_distractor_items_restate_only_the_gold_sentence() {
         assert!(item.context.len() > 1, "distractors are kept");
     }
 }
+
+/// Copy drills: the trained response is exactly the text after "Repeat: ", 4–8 names, a new
+/// draw per seed, and the names are spelled from syllables, so most are several tokens long.
+#[test]
+fn copy_drills_repeat_made_up_names() {
+    let drills = knowrl_world::habits::copy_drills(40, 5);
+    assert_eq!(drills.len(), 40);
+    assert_eq!(drills, knowrl_world::habits::copy_drills(40, 5));
+    assert_ne!(drills, knowrl_world::habits::copy_drills(40, 6));
+    for d in &drills {
+        assert_eq!(d.segments.len(), 1);
+        let (text, trained) = &d.segments[0];
+        assert!(trained);
+        assert_eq!(d.user.as_deref(), Some(knowrl_world::prompts::repeat(text).as_str()));
+        let names = text.split(", ").count();
+        assert!((4..=8).contains(&names), "{text}");
+    }
+}

@@ -29,7 +29,7 @@ pub struct Bert {
 
 impl Bert {
     pub fn new(root: &Path, cfg: &BertConfig, lora: Option<&LoraConfig>, random: bool) -> Bert {
-        let init = if random { Init::Randn { mean: 0.0, stdev: 0.02 } } else { Init::Const(0.0) };
+        let init = if random { Init::Randn { mean: 0.0, stdev: crate::layers::INIT_STD } } else { Init::Const(0.0) };
         let (d, eps) = (cfg.hidden_size, cfg.layer_norm_eps);
         let e = root / "embeddings";
         let layers = (0..cfg.num_layers)

@@ -335,7 +335,8 @@ impl DecoderLm {
     /// Builds the module tree under `root` (a VarStore root; its kind and device are used).
     pub fn new(root: &Path, cfg: &DecoderConfig, lora: Option<&LoraConfig>, random: bool) -> DecoderLm {
         let m = root / "model";
-        let embed_init = if random { Init::Randn { mean: 0.0, stdev: 0.02 } } else { Init::Const(0.0) };
+        let embed_init =
+            if random { Init::Randn { mean: 0.0, stdev: crate::layers::INIT_STD } } else { Init::Const(0.0) };
         let embed_tokens = (&m / "embed_tokens").var("weight", &[cfg.vocab_size, cfg.hidden_size], embed_init);
         let layers = (0..cfg.num_layers)
             .map(|i| {

@@ -1,0 +1,51 @@
+//! Stage 8 of the world-policy candidates (bench/results/world-candidates/stage8.md): trains the
+//! world policy's architecture from scratch on copy drills with a warm-up-then-constant schedule
+//! and prints the loss every 25 steps. It also writes the initial weights (`OUT/init`), the
+//! batches (`OUT/batches.json`) and the trained weights (`OUT/trained`), so that
+//! `bench/results/world-candidates/stage8-train-parity.py` can run the same steps in PyTorch.
+//!
+//! Usage: cargo run --release --example copy_parity -- STEPS OUT
+use knowrl_engine::config::DecoderConfig;
+use knowrl_engine::optim::{AdamW, AdamWConfig, LrSchedule};
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::{LoadOptions, Mode, Policy, Tokenizer};
+use knowrl_world::pretrain::{encode, policy_config, PretrainConfig};
+use std::path::PathBuf;
+use tch::Kind;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 3 {
+        return Err("usage: copy_parity STEPS OUT".into());
+    }
+    let steps: usize = args[1].parse()?;
+    let out = PathBuf::from(&args[2]);
+    let tok = Tokenizer::from_dir(std::path::Path::new("assets/world/policy"))?;
+    let init = out.join("init");
+    std::fs::create_dir_all(&init)?;
+    let cfgv = policy_config(&PretrainConfig::default(), tok.vocab_size());
+    std::fs::write(init.join("config.json"), serde_json::to_string(&cfgv)?)?;
+    let cfg = DecoderConfig::from_value(&init.join("config.json"), cfgv)?;
+    let policy = Policy::random(&cfg, &LoadOptions::default(), 7);
+    policy.save_weights(&init)?;
+    let drills = knowrl_world::habits::copy_drills(32 * steps, 1);
+    let data: Vec<_> = drills.iter().map(|e| encode(&tok, e)).collect::<Result<_, _>>()?;
+    std::fs::write(out.join("batches.json"), serde_json::to_string(&data)?)?;
+    let mut opt = AdamW::new(policy.trainable_parameters(), AdamWConfig { weight_decay: 0.01, ..Default::default() });
+    let schedule = LrSchedule::WarmupConstant { lr: 3e-3, warmup: 50 };
+    for (step, chunk) in data.chunks_exact(32).enumerate() {
+        let reqs: Vec<ScoreRequest> =
+            chunk.iter().map(|d| ScoreRequest { prompt: &d.0, response: &d.1, loss_mask: Some(&d.2) }).collect();
+        let s = score(&policy.lm, &reqs, 1.0, Mode::TRAIN);
+        let loss = -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float);
+        opt.zero_grad();
+        loss.backward();
+        opt.clip_grad_norm(1.0);
+        opt.step(schedule.lr_at(step as u64));
+        if step % 25 == 0 || step + 1 == steps {
+            println!("{step} {:.3}", loss.double_value(&[]));
+        }
+    }
+    policy.export_hf(&out.join("trained"), Kind::Float)?;
+    Ok(())
+}
