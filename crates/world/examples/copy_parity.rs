@@ -11,9 +11,8 @@
 //! Usage: cargo run --release --example copy_parity -- STEPS OUT [copy|s1] [INIT]
 use knowrl_engine::config::DecoderConfig;
 use knowrl_engine::optim::{AdamW, AdamWConfig, LrSchedule};
-use knowrl_engine::score::{score, ScoreRequest};
-use knowrl_engine::{LoadOptions, Mode, Policy, Tokenizer};
-use knowrl_world::pretrain::{encode, policy_config, PretrainConfig};
+use knowrl_engine::{LoadOptions, Policy, Tokenizer};
+use knowrl_world::pretrain::{encode, policy_config, sft_loss, PretrainConfig};
 use std::path::PathBuf;
 use tch::Kind;
 
@@ -46,10 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut opt = AdamW::new(policy.trainable_parameters(), AdamWConfig { weight_decay: 0.01, ..Default::default() });
     let schedule = LrSchedule::WarmupConstant { lr: 3e-3, warmup: 50 };
     for (step, chunk) in data.chunks_exact(32).enumerate() {
-        let reqs: Vec<ScoreRequest> =
-            chunk.iter().map(|d| ScoreRequest { prompt: &d.0, response: &d.1, loss_mask: Some(&d.2) }).collect();
-        let s = score(&policy.lm, &reqs, 1.0, Mode::TRAIN);
-        let loss = -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float);
+        let loss = sft_loss(&policy.lm, chunk);
         opt.zero_grad();
         loss.backward();
         opt.clip_grad_norm(1.0);
@@ -64,7 +60,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Single-hop S1 items of fresh shadow worlds (1,024 per world), in order.
 fn s1_items(n: usize) -> Vec<knowrl_world::habits::Example> {
-    use knowrl_world::prompts;
     let base = knowrl_world::config::WorldConfig::load(std::path::Path::new("assets/world/config.toml")).unwrap();
     let mut out = vec![];
     for k in 0.. {
@@ -75,10 +70,7 @@ fn s1_items(n: usize) -> Vec<knowrl_world::habits::Example> {
         let items =
             world.scenarios.iter().filter(|s| s.scenario == "S1" && s.variant == "qa" && s.context_answer.is_some());
         for s in items.take(1024) {
-            out.push(knowrl_world::habits::Example {
-                user: Some(prompts::with_context(&s.question, &s.context)),
-                segments: vec![(prompts::answer(s.context_answer.as_deref().unwrap()), true)],
-            });
+            out.push(knowrl_world::habits::context_item(s, s.context_answer.as_deref().unwrap()));
             if out.len() == n {
                 return out;
             }

@@ -286,7 +286,7 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
             _ => None,
         };
         if let Some(a) = target {
-            out.push(chat(prompts::with_context(&s.question, &s.context), prompts::answer(&a)));
+            out.push(context_item(s, &a));
         }
     }
     crate::shuffle(&mut out, &mut rng);
@@ -315,6 +315,14 @@ pub fn copy_drills(n: usize, seed: u64) -> Vec<Example> {
         .collect()
 }
 
+/// A context-reading item: the scenario item's question and passages, answered with `answer`.
+pub fn context_item(s: &crate::suites::ScenarioItem, answer: &str) -> Example {
+    Example {
+        user: Some(prompts::with_context(&s.question, &s.context)),
+        segments: vec![(prompts::answer(answer), true)],
+    }
+}
+
 /// Reading practice from a *shadow* world (same config, another seed): every name and fact is
 /// new to the policy, so the only way to answer is to read the context or the search results —
 /// copying, not recall. `contexts` S1/S2/S5 items and `agent` search trajectories, drawn at random
@@ -329,11 +337,7 @@ pub fn reading_examples(shadow: &Built, contexts: usize, agent: usize, seed: u64
     crate::shuffle(&mut questions, &mut rng);
     let mut out = vec![];
     for s in items.into_iter().filter(|s| s.context_answer.is_some()).take(contexts) {
-        let a = s.context_answer.clone().unwrap();
-        out.push(Example {
-            user: Some(prompts::with_context(&s.question, &s.context)),
-            segments: vec![(prompts::answer(&a), true)],
-        });
+        out.push(context_item(s, s.context_answer.as_deref().unwrap()));
     }
     // More trajectories than questions revisit them with other distractors and orders.
     for q in questions.iter().cycle().take(agent) {

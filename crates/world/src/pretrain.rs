@@ -16,6 +16,7 @@ use crate::questions::Split;
 use crate::Built;
 use knowrl_engine::config::{BertConfig, DecoderConfig};
 use knowrl_engine::encoder::Encoder;
+use knowrl_engine::models::llama::DecoderLm;
 use knowrl_engine::optim::{AdamW, AdamWConfig, LrSchedule};
 use knowrl_engine::score::{score, ScoreRequest};
 use knowrl_engine::{LoadOptions, Message, Mode, Policy, Rng, Tokenizer};
@@ -220,6 +221,15 @@ pub fn policy_config(cfg: &PretrainConfig, vocab: usize) -> serde_json::Value {
            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
 }
 
+/// The pretraining loss of encoded examples ([`encode`]): token-mean NLL over the trained
+/// response tokens (observations masked out).
+pub fn sft_loss<'a>(lm: &DecoderLm, batch: impl IntoIterator<Item = &'a (Vec<u32>, Vec<u32>, Vec<bool>)>) -> Tensor {
+    let reqs: Vec<ScoreRequest> =
+        batch.into_iter().map(|d| ScoreRequest { prompt: &d.0, response: &d.1, loss_mask: Some(&d.2) }).collect();
+    let s = score(lm, &reqs, 1.0, Mode::TRAIN);
+    -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float)
+}
+
 /// Trains the policy; `progress(epoch, step, steps, loss)`. Returns the final epoch's mean loss.
 /// `init`: continue from these weights (an HF directory with the same tokenizer) instead of a
 /// random initialisation.
@@ -276,14 +286,7 @@ pub fn train_policy(
             }
             length_buckets(&items, &lens, cfg.batch, rng)
         },
-        |chunk| {
-            let reqs: Vec<ScoreRequest> = chunk
-                .iter()
-                .map(|&i| ScoreRequest { prompt: &data[i].0, response: &data[i].1, loss_mask: Some(&data[i].2) })
-                .collect();
-            let s = score(&policy.lm, &reqs, 1.0, Mode::TRAIN);
-            Ok(-(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float))
-        },
+        |chunk| Ok(sft_loss(&policy.lm, chunk.iter().map(|&i| &data[i]))),
         progress,
     )?;
     policy.export_hf(&dir.join(".model"), Kind::Float)?;
