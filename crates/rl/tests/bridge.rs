@@ -182,7 +182,13 @@ fn a_world_step_with_each_estimator_updates_the_adapter_and_logs_turns() {
             "drop" => assert_eq!(out.rag.len(), 1),
             _ => {
                 assert_eq!(out.rag.len(), 2);
-                assert!(m["fidelity_cos_bridge"].is_finite() && m["fidelity_cos_drop"].is_finite());
+                // The cosines are undefined (not recorded) on a batch without an RL gradient,
+                // whose groups all tie; the relative error then says BRIDGE missed all of it.
+                match m.get("fidelity_cos_bridge") {
+                    Some(c) => assert!(c.is_finite() && m["fidelity_cos_drop"].is_finite()),
+                    None => assert_eq!(m["fidelity_relerr_bridge"], 1.0, "{estimator}"),
+                }
+                assert!(m["fidelity_relerr_drop"].is_finite());
                 assert!(m.contains_key("retriever_update_s"));
             }
         }
