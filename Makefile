@@ -28,6 +28,8 @@ lint: setup
 
 test: models lint
 	$(CARGO) test --release -- --test-threads=1
+	# The engine's kernels again with their AVX2 copies (the AMD machines have no AVX-512).
+	KNOWRL_ISA=avx2 $(CARGO) test --release -p knowrl-engine --lib -- --test-threads=1
 
 bench: models build
 	@scripts/setup --bench

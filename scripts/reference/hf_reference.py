@@ -7,6 +7,7 @@ Jobs (field "kind"):
   embed     sentence-transformers embeddings
   grads     loss + parameter gradients of token-mean NLL over response tokens, optional LoRA
   adamw     one torch.optim.AdamW step from given params and grads
+  peft      per-prompt logits of a base model with a PEFT LoRA adapter directory (peft)
 """
 import json
 import sys
@@ -34,6 +35,17 @@ def job_logits(j):
             g = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                            max_new_tokens=j["max_new_tokens"], eos_token_id=j["eos"], pad_token_id=j["eos"][0])
             out[f"greedy.{i}"] = g[0, x.shape[1]:].contiguous()
+    save_file(out, j["out"])
+
+
+def job_peft(j):
+    from peft import PeftModel
+
+    m = PeftModel.from_pretrained(load_lm(j["base"], torch.float32), j["adapter"]).eval()
+    out = {}
+    with torch.no_grad():
+        for i, ids in enumerate(j["prompts"]):
+            out[f"logits.{i}"] = m(torch.tensor([ids])).logits[0].float().contiguous()
     save_file(out, j["out"])
 
 

@@ -16,6 +16,10 @@ pub struct Args {
     /// GRPO steps of the demo run (default: configs/world-grpo.toml's; 0 = skip).
     #[arg(long)]
     pub grpo_steps: Option<u64>,
+    /// Test questions of the agent evaluation (a third as many items per scenario-variant;
+    /// 0 = the whole test split: `knowrl world eval`).
+    #[arg(long, default_value_t = 48)]
+    pub eval_limit: usize,
 }
 
 /// A short GRPO run from configs/world-grpo.toml; agent EM / TC on the validation split before and after.
@@ -50,16 +54,21 @@ fn grpo_before_after(world: &std::path::Path, steps: Option<u64>) -> Result<()> 
 }
 
 pub fn models_dir() -> PathBuf {
-    std::env::var_os("KNOWRL_MODELS").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/knowrl/models")
-    })
+    knowrl_engine::adapter::models_dir()
 }
 
 pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
-    if a.world.join("policy/model.safetensors").exists() {
+    let policy = a.world.join("policy");
+    if policy.join("model.safetensors").exists() || knowrl_engine::adapter::is_adapter_dir(&policy) {
         println!("== the world: {} (pretrained policy, greedy, test split) ==", a.world.display());
-        crate::world_eval::run(crate::world::EvalArgs { world: a.world.clone(), out: None, limit: 0 })?;
+        crate::world_eval::run(crate::world::EvalArgs {
+            world: a.world.clone(),
+            out: None,
+            limit: a.eval_limit,
+            scenario_limit: a.eval_limit / 3,
+            explore_samples: 0,
+        })?;
         if a.grpo_steps != Some(0) {
             grpo_before_after(&a.world, a.grpo_steps)?;
         }

@@ -45,6 +45,9 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let opts = LoadOptions { device: parse_device(&a.device)?, dtype: parse_dtype(&a.dtype)?, lora: None };
+    if let Some(w) = knowrl_engine::device::bf16_cpu_warning(opts.device, opts.dtype) {
+        eprintln!("{w}");
+    }
     let policy = Policy::load(&a.model, &opts).with_context(|| format!("loading {}", a.model.display()))?;
     let tok = policy.tokenizer()?;
     let mut prompts = vec![];

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub enum WorldCmd {
     /// Generate the world (entities, facts with PK labels, corpus, questions, scenario suites).
     Build(BuildArgs),
-    /// Train the world's tokenizer, tiny policy and tiny retriever (HF directories).
+    /// Implant the world's parametric knowledge into a pretrained base with a LoRA (the policy,
+    /// a PEFT adapter) and train the world's tiny retriever; `--from-scratch`: the tiny policy.
     Pretrain(PretrainArgs),
     /// Calibration of the shipped policy on the test split (greedy).
     Eval(EvalArgs),
@@ -67,32 +68,37 @@ pub struct PretrainArgs {
     /// World directory from `knowrl world build`.
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
-    /// Pretraining recipe (TOML, the fields of PretrainConfig; unknown fields are errors).
-    /// Default: WORLD/pretrain.toml when it exists (every run writes its recipe there), else
-    /// the built-in defaults. The flags below override it.
+    /// Recipe (TOML; unknown fields are errors): the fields of ImplantConfig, or of
+    /// PretrainConfig with --from-scratch. Default: WORLD/implant.toml (WORLD/pretrain.toml with
+    /// --from-scratch) when it exists, else the built-in defaults. Every run writes its recipe
+    /// back there. The flags below override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Policy epochs (default from PretrainConfig).
+    /// Policy epochs.
     #[arg(long)]
     pub epochs: Option<usize>,
+    /// Retriever epochs.
     #[arg(long)]
     pub encoder_epochs: Option<usize>,
     /// Policy peak learning rate.
     #[arg(long)]
     pub lr: Option<f64>,
-    /// Copies of each parametric-knowledge example per epoch.
-    #[arg(long)]
-    pub fact_repeats: Option<usize>,
-    /// Shadow worlds for reading practice (0 = none; see PretrainConfig::shadow_worlds).
-    #[arg(long)]
-    pub shadow_worlds: Option<usize>,
-    /// Continue from this policy directory instead of a random initialisation (same world,
-    /// same tokenizer); copy it first if it is the output directory.
-    #[arg(long)]
-    pub init: Option<PathBuf>,
-    /// Keep the existing encoder (train only the tokenizer-compatible policy).
+    /// Keep the existing encoder (train only the policy).
     #[arg(long)]
     pub policy_only: bool,
+    /// Train the tiny from-scratch policy (a Llama-family decoder on a world-trained tokenizer;
+    /// the fast model of the tests' world, assets/tiny-world) instead of the knowledge adapter.
+    #[arg(long)]
+    pub from_scratch: bool,
+    /// With --from-scratch: copies of each parametric-knowledge example per epoch.
+    #[arg(long, requires = "from_scratch")]
+    pub fact_repeats: Option<usize>,
+    /// With --from-scratch: shadow worlds for reading practice (0 = none).
+    #[arg(long, requires = "from_scratch")]
+    pub shadow_worlds: Option<usize>,
+    /// With --from-scratch: continue from this policy directory (same world, same tokenizer).
+    #[arg(long, requires = "from_scratch")]
+    pub init: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -105,22 +111,112 @@ pub struct EvalArgs {
     /// Questions per agent measurement (0 = all of the test split).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
+    /// Items per scenario and variant (S1-qa, S1-mr, …; 0 = all of the test split).
+    #[arg(long, default_value_t = 0)]
+    pub scenario_limit: usize,
+    /// Samples per group for the room-to-explore measurement (temperature 1, validation split;
+    /// 0 = skip it).
+    #[arg(long, default_value_t = 8)]
+    pub explore_samples: usize,
+}
+
+fn read_recipe<T: serde::de::DeserializeOwned + Default>(path: &std::path::Path, explicit: bool) -> Result<T> {
+    if !explicit && !path.exists() {
+        return Ok(T::default());
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str::<T>(&text).with_context(|| format!("{}: not a pretraining recipe", path.display()))
+}
+
+/// A progress bar whose callback is `(epoch, step, steps, loss)`.
+fn epoch_bar() -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{prefix:>8} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap(),
+    );
+    bar
+}
+
+fn progress_fn(bar: &indicatif::ProgressBar, prefix: &'static str) -> impl Fn(usize, usize, usize, f64) {
+    let bar = bar.clone();
+    move |epoch: usize, step: usize, steps: usize, loss: f64| {
+        bar.set_prefix(prefix);
+        bar.set_length(steps as u64);
+        bar.set_position(step as u64);
+        bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
+        // Without a terminal (a log file) the bar is hidden: a line every 25 steps instead.
+        if bar.is_hidden() && (step % 25 == 0 || step == steps) {
+            let secs = bar.elapsed().as_secs_f64();
+            eprintln!("{prefix} epoch {} step {step}/{steps} loss {loss:.3} ({secs:.0}s)", epoch + 1);
+        }
+    }
 }
 
 pub fn pretrain(a: PretrainArgs) -> Result<()> {
-    use indicatif::{ProgressBar, ProgressStyle};
+    if a.from_scratch {
+        return pretrain_from_scratch(a);
+    }
+    use knowrl_world::implant::{train_adapter, ImplantConfig};
+    use knowrl_world::pretrain::{train_encoder, train_tokenizer};
+    let wcfg = WorldConfig::load(&a.world.join("config.toml"))?;
+    let built = knowrl_world::build(&wcfg);
+    let recipe = a.config.clone().unwrap_or_else(|| a.world.join("implant.toml"));
+    let mut ic: ImplantConfig = read_recipe(&recipe, a.config.is_some())?;
+    eprintln!("recipe: {}", if recipe.exists() { recipe.display().to_string() } else { "built-in defaults".into() });
+    if let Some(e) = a.epochs {
+        ic.epochs = e;
+    }
+    if let Some(e) = a.encoder_epochs {
+        ic.encoder_epochs = e;
+    }
+    if let Some(lr) = a.lr {
+        ic.lr = lr;
+    }
+    let base = knowrl_engine::adapter::models_dir().join(&ic.base);
+    if !base.join("config.json").is_file() {
+        let msg = format!("no model at {} (run scripts/fetch-real-models, or set KNOWRL_MODELS)", base.display());
+        return Err(knowrl_engine::EngineError::config(&recipe, "base", msg).into());
+    }
+    let t0 = std::time::Instant::now();
+    let bar = epoch_bar();
+    let encoder = if a.policy_only {
+        "encoder kept".to_string()
+    } else {
+        // The retriever's tokenizer is trained on the world's text; the policy keeps its base's.
+        let edir = a.world.join("encoder");
+        let scratch = a.world.join(".tokenizer.tmp");
+        train_tokenizer(&built, ic.encoder_vocab, &scratch, &edir).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
+        let _ = std::fs::remove_dir_all(&scratch);
+        format!(
+            "encoder (loss {:.3})",
+            train_encoder(&built, &ic.encoder_recipe(), &edir, &progress_fn(&bar, "encoder"))?
+        )
+    };
+    let (pdir, tmp) = (a.world.join("policy"), a.world.join(".policy.tmp"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let loss = train_adapter(&built, &ic, &base, &tmp, &progress_fn(&bar, "policy"))?;
+    bar.finish_and_clear();
+    if pdir.exists() {
+        std::fs::remove_dir_all(&pdir)?;
+    }
+    std::fs::rename(&tmp, &pdir)?;
+    std::fs::write(a.world.join("implant.toml"), toml::to_string(&ic)?)?;
+    println!(
+        "knowledge adapter on {} (final epoch loss {loss:.3}) -> {}, {encoder}, in {:.0}s",
+        ic.base,
+        pdir.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn pretrain_from_scratch(a: PretrainArgs) -> Result<()> {
     use knowrl_world::pretrain::{train_encoder, train_policy, train_tokenizer, PretrainConfig};
     let cfg_path = a.world.join("config.toml");
     let wcfg = WorldConfig::load(&cfg_path)?;
     let built = knowrl_world::build(&wcfg);
     let recipe = a.config.clone().unwrap_or_else(|| a.world.join("pretrain.toml"));
-    let mut pc = if a.config.is_some() || recipe.exists() {
-        let text = std::fs::read_to_string(&recipe).with_context(|| format!("reading {}", recipe.display()))?;
-        toml::from_str::<PretrainConfig>(&text)
-            .with_context(|| format!("{}: not a pretraining recipe", recipe.display()))?
-    } else {
-        PretrainConfig::default()
-    };
+    let mut pc: PretrainConfig = read_recipe(&recipe, a.config.is_some())?;
     eprintln!("recipe: {}", if recipe.exists() { recipe.display().to_string() } else { "built-in defaults".into() });
     if let Some(e) = a.epochs {
         pc.epochs = e;
@@ -140,20 +236,8 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
     let (pdir, edir) = (a.world.join("policy"), a.world.join("encoder"));
     let t0 = std::time::Instant::now();
     train_tokenizer(&built, pc.vocab_size, &pdir, &edir).map_err(|e| anyhow::anyhow!("tokenizer: {e}"))?;
-    let bar = ProgressBar::new(0);
-    bar.set_style(ProgressStyle::with_template("{prefix:>8} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
-    let progress = |prefix: &'static str| {
-        let bar = bar.clone();
-        move |epoch: usize, step: usize, steps: usize, loss: f64| {
-            bar.set_prefix(prefix);
-            bar.set_length(steps as u64);
-            bar.set_position(step as u64);
-            bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
-            if step == steps && bar.is_hidden() {
-                eprintln!("{prefix} epoch {} done (last batch loss {loss:.3})", epoch + 1);
-            }
-        }
-    };
+    let bar = epoch_bar();
+    let progress = |prefix: &'static str| progress_fn(&bar, prefix);
     let pl = train_policy(&built, &pc, &pdir, a.init.as_deref(), &progress("policy"))?;
     let encoder = if a.policy_only {
         "encoder kept".to_string()

@@ -1,6 +1,8 @@
 //! `knowrl world eval`: the shipped policy's calibration on the world's test split (greedy):
 //! query-only EM on PK / non-PK questions, EM under each context scenario S1–S5, the agent's
-//! search rate and EM per hop count, and the tiny retriever's recall@3 per hop.
+//! search rate and EM per hop count, the tiny retriever's recall@3 per hop; whether the policy
+//! reads rather than looks up (S1-qa on a world built with another seed, never trained on), and
+//! its room to explore (the share of 8-sample groups at temperature 1 whose rewards differ).
 //! (Moves into the eval crate with the evaluation harness.)
 use crate::world::EvalArgs;
 use anyhow::Result;
@@ -50,6 +52,77 @@ fn em_rate(preds: &[String], golds: &[&Vec<String>]) -> f64 {
     preds.iter().zip(golds).filter(|(p, g)| exact_match(p, g)).count() as f64 / preds.len() as f64
 }
 
+/// Answer tokens allowed to a single-turn response: `<answer> name </answer>` takes up to ~16
+/// tokens in SmolLM2's vocabulary (world names are made up, ~2.6 tokens a word).
+const ANSWER_TOKENS: usize = 24;
+
+/// S1-qa EM on the test split of a world built from `world`'s config with another seed: every
+/// name in it is new, so only reading the context answers it.
+fn unseen_world_s1(policy: &Policy, world: &std::path::Path) -> Result<(f64, usize)> {
+    let mut cfg = knowrl_world::WorldConfig::load(&world.join("config.toml"))?;
+    cfg.seed = cfg.seed.wrapping_add(1_000_003);
+    let built = knowrl_world::build(&cfg);
+    let items: Vec<&ScenarioItem> =
+        built.scenarios.iter().filter(|s| s.split == Split::Test && s.scenario == "S1" && s.variant == "qa").collect();
+    let prompts: Vec<Prompt> =
+        items.iter().map(|s| Prompt::user(prompts::with_context(&s.question, &s.context))).collect();
+    let preds = knowrl_eval::greedy_answers(policy, &prompts, ANSWER_TOKENS)?;
+    let golds: Vec<&Vec<String>> = items.iter().map(|s| &s.golden_answers).collect();
+    Ok((em_rate(&preds, &golds), items.len()))
+}
+
+/// The share of `samples`-sample groups at temperature 1 whose EM rewards are not all equal
+/// (a GRPO group with equal rewards has zero advantage: no gradient), on the validation split's
+/// agent suite and its S1+S2 context items.
+fn mixed_group_shares(
+    policy: &Policy,
+    retriever: &dyn Retriever,
+    questions: &[Question],
+    scenarios: &[ScenarioItem],
+    samples: usize,
+) -> Result<(f64, f64)> {
+    let mixed = |ok: &[bool]| {
+        let groups: Vec<&[bool]> = ok.chunks(samples).collect();
+        groups.iter().filter(|g| g.iter().any(|&x| x) && g.iter().any(|&x| !x)).count() as f64
+            / groups.len().max(1) as f64
+    };
+    let valid: Vec<&Question> = questions.iter().filter(|q| q.split == Split::Valid).collect();
+    let prompts: Vec<Prompt> =
+        valid.iter().flat_map(|q| std::iter::repeat_n(Prompt::user(prompts::agent(&q.question)), samples)).collect();
+    let trajs = knowrl_eval::prompt_trajectories(policy, retriever, &prompts, &AgentConfig::new(4, 3, 48, 1.0))?;
+    let ok: Vec<bool> = trajs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| exact_match(t.answer.as_deref().unwrap_or(""), &valid[i / samples].golden_answers))
+        .collect();
+    let agent = mixed(&ok);
+    let items: Vec<&ScenarioItem> =
+        scenarios.iter().filter(|s| s.split == Split::Valid && matches!(s.scenario.as_str(), "S1" | "S2")).collect();
+    let tok = policy.tokenizer()?;
+    let mut ok = vec![];
+    for chunk in items.chunks(8) {
+        let ids: Vec<Vec<u32>> = chunk
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(Prompt::user(prompts::with_context(&s.question, &s.context)), samples))
+            .map(|p| p.ids(tok))
+            .collect::<Result<_, _>>()?;
+        let params = knowrl_engine::SamplingParams {
+            temperature: 1.0,
+            stop: vec!["</answer>".into()],
+            ..knowrl_engine::SamplingParams::greedy(ANSWER_TOKENS)
+        };
+        let seeds: Vec<u64> = (0..ids.len() as u64).collect();
+        let gens =
+            knowrl_engine::generate::generate(&policy.lm, Some(tok), &ids, &params, &seeds, &tok.eos_ids, tok.pad_id)?;
+        for (i, g) in gens.iter().enumerate() {
+            let text = tok.decode(&g.tokens, true)?;
+            let answer = knowrl_rl::reward::extract_answer(&text).unwrap_or_default();
+            ok.push(exact_match(&answer, &chunk[i / samples].golden_answers));
+        }
+    }
+    Ok((agent, mixed(&ok)))
+}
+
 pub fn run(a: EvalArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let questions: Vec<Question> = load_jsonl(&a.world.join("questions.jsonl"))?;
@@ -63,7 +136,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let preds = knowrl_eval::greedy_answers(
         &policy,
         &single.iter().map(|q| Prompt::user(prompts::query_only(&q.question))).collect::<Vec<_>>(),
-        16,
+        ANSWER_TOKENS,
     )?;
     let by = |pk: bool| {
         let (p, g): (Vec<String>, Vec<&Vec<String>>) = single
@@ -78,11 +151,20 @@ pub fn run(a: EvalArgs) -> Result<()> {
     report.insert("nonpk_query_only_em".into(), json!(by(false)));
 
     // Context scenarios S1–S5 (EM against the true answer).
-    let items: Vec<&ScenarioItem> = scenarios.iter().filter(|s| s.split == Split::Test).collect();
+    let mut items: Vec<&ScenarioItem> = scenarios.iter().filter(|s| s.split == Split::Test).collect();
+    if a.scenario_limit > 0 {
+        // The first `scenario_limit` of each scenario-variant, in file order (deterministic).
+        let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
+        items.retain(|s| {
+            let n = seen.entry((s.scenario.clone(), s.variant.clone())).or_default();
+            *n += 1;
+            *n <= a.scenario_limit
+        });
+    }
     let preds = knowrl_eval::greedy_answers(
         &policy,
         &items.iter().map(|s| Prompt::user(prompts::with_context(&s.question, &s.context))).collect::<Vec<_>>(),
-        16,
+        ANSWER_TOKENS,
     )?;
     let mut table: BTreeMap<String, (usize, usize, usize, usize)> = BTreeMap::new();
     for (s, p) in items.iter().zip(&preds) {
@@ -187,6 +269,15 @@ pub fn run(a: EvalArgs) -> Result<()> {
         *funnel.entry(format!("{}hop", r.0.hops)).or_default().entry(o.key()).or_default() += 1;
     }
     agent["outcomes"] = json!(funnel);
+    let (unseen, unseen_n) = unseen_world_s1(&policy, &a.world)?;
+    report.insert("unseen_world_s1_em".into(), json!(unseen));
+    report.insert("unseen_world_s1_n".into(), json!(unseen_n));
+    if a.explore_samples > 1 {
+        let (agent_share, context_share) =
+            mixed_group_shares(&policy, &retriever, &questions, &scenarios, a.explore_samples)?;
+        report.insert("mixed_group_share_agent".into(), json!(agent_share));
+        report.insert("mixed_group_share_context".into(), json!(context_share));
+    }
     report.insert("scenarios".into(), scen.clone());
     report.insert("agent".into(), agent.clone());
     report.insert("seconds".into(), json!(t0.elapsed().as_secs_f64()));
@@ -220,6 +311,9 @@ pub fn run(a: EvalArgs) -> Result<()> {
         "agent_2hop_em",
         "retriever_recall3_hop1",
         "retriever_recall3_hop2",
+        "unseen_world_s1_em",
+        "mixed_group_share_agent",
+        "mixed_group_share_context",
     ] {
         println!("  {k:<24} {:.3}", report[k].as_f64().unwrap_or(f64::NAN));
     }

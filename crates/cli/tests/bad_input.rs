@@ -12,8 +12,14 @@ fn a_bad_pretraining_recipe_is_named_and_exits_2() {
     std::fs::create_dir_all(&dir).unwrap();
     let assets = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world/config.toml");
     std::fs::copy(assets, dir.join("config.toml")).unwrap();
-    std::fs::write(dir.join("pretrain.toml"), "epochs = 2\nshadow_agnet = 3\n").unwrap();
+    std::fs::write(dir.join("implant.toml"), "epochs = 2\nshadow_agnet = 3\n").unwrap();
     let (code, err) = knowrl(&["world", "pretrain", "--world", dir.to_str().unwrap(), "--policy-only"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("implant.toml") && err.contains("line 2") && err.contains("shadow_agnet"), "{err}");
+    // The tiny from-scratch recipe is read from pretrain.toml, with the same contract.
+    std::fs::write(dir.join("pretrain.toml"), "epochs = 2\nshadow_agnet = 3\n").unwrap();
+    let (code, err) =
+        knowrl(&["world", "pretrain", "--world", dir.to_str().unwrap(), "--policy-only", "--from-scratch"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("pretrain.toml") && err.contains("line 2") && err.contains("shadow_agnet"), "{err}");
     // Nothing was trained or written over.

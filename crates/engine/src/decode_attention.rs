@@ -85,7 +85,6 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
         let (ck, cv, o) = (ck as usize, cv as usize, out.data_ptr() as usize);
         let tasks = b * nh;
         let threads = (tch::get_num_threads().max(1) as usize).min(tasks);
-        let fast = crate::vmath::avx512();
         crate::omp::parallel(threads, &|t, nt| {
             let (ck, cv, o) = (ck as *const f32, cv as *const f32, o as *mut f32);
             let (mut qr, mut scores) = (vec![0f32; d], vec![0f32; keys]);
@@ -102,11 +101,7 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
                     mask: &mask[r * keys..(r + 1) * keys],
                 };
                 let y = std::slice::from_raw_parts_mut(o.add(src), d);
-                if fast {
-                    attend_head_avx512(&head, &mut scores, y);
-                } else {
-                    attend_head(&head, &mut scores, y);
-                }
+                attend_head_fast(&head, &mut scores, y);
             }
         });
     }
@@ -143,7 +138,7 @@ fn attend_head(h: &Head, scores: &mut [f32], y: &mut [f32]) {
     y.iter_mut().for_each(|x| *x /= total);
 }
 
-crate::vmath::avx512_twin!(fn attend_head_avx512(h: &Head, scores: &mut [f32], y: &mut [f32]) = attend_head);
+crate::vmath::simd_dispatch!(fn attend_head_fast(h: &Head, scores: &mut [f32], y: &mut [f32]) = attend_head);
 
 /// out = x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁] (transformers' convention).
 unsafe fn rope(x: &[f32], cos: &[f32], sin: &[f32], out: *mut f32) {

@@ -1,6 +1,7 @@
 //! knowrl's policy engine on libtorch (tch): Hugging Face decoder and encoder models, batched
 //! KV-cached generation, teacher-forced scoring, and the training primitives (AdamW, clipping,
 //! schedules, LoRA, checkpoints, HF export) the RL crates build on.
+pub mod adapter;
 pub mod checkpoint;
 pub mod config;
 pub mod decode_attention;

@@ -248,11 +248,7 @@ fn fused_step(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &Hyper) -> bool
             let range = |ptr: usize| std::slice::from_raw_parts_mut((ptr as *mut f32).add(lo), hi - lo);
             let (p, m, v) = (range(pp), range(mp), range(vp));
             let g = std::slice::from_raw_parts((gp as *const f32).add(lo), hi - lo);
-            if crate::vmath::avx512() {
-                adam_avx512(p, g, m, v, &s);
-            } else {
-                adam(p, g, m, v, &s);
-            }
+            adam_fast(p, g, m, v, &s);
         }
     });
     true
@@ -279,7 +275,7 @@ fn adam(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars)
     }
 }
 
-crate::vmath::avx512_twin!(fn adam_avx512(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) = adam);
+crate::vmath::simd_dispatch!(fn adam_fast(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) = adam);
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,10 @@ pub struct Policy {
     pub vs: VarStore,
     pub tokenizer: Option<Tokenizer>,
     pub lora: Option<LoraConfig>,
+    /// The model directory (the base's, when loaded from an adapter directory).
     pub dir: Option<PathBuf>,
+    /// The PEFT adapter directory merged into the base at load time, if any.
+    pub adapter: Option<PathBuf>,
 }
 
 pub fn is_lora_param(name: &str) -> bool {
@@ -51,7 +54,17 @@ pub(crate) fn build<M>(opts: &LoadOptions, make: impl FnOnce(&tch::nn::Path) -> 
 }
 
 impl Policy {
+    /// Loads a model directory, or an adapter directory ([`crate::adapter`]): its base (found
+    /// and checked by the sha256 the adapter records) with the adapter merged in; `opts.lora`
+    /// then adds a fresh, trainable LoRA on top.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Policy> {
+        if crate::adapter::is_adapter_dir(dir) {
+            let base = crate::adapter::resolve_base(dir)?;
+            let mut p = Policy::load(&base, opts)?;
+            crate::adapter::merge_into(dir, &p.vs.variables())?;
+            p.adapter = Some(dir.to_path_buf());
+            return Ok(p);
+        }
         if !dir.is_dir() {
             let e = std::io::Error::new(std::io::ErrorKind::NotFound, "not a model directory");
             return Err(EngineError::io(dir, e));
@@ -71,14 +84,21 @@ impl Policy {
                 format!("{} is smaller than the tokenizer's {} tokens", cfg.vocab_size, tokenizer.vocab_size()),
             ));
         }
-        Ok(Policy { lm, vs, tokenizer: Some(tokenizer), lora: opts.lora.clone(), dir: Some(dir.to_path_buf()) })
+        Ok(Policy {
+            lm,
+            vs,
+            tokenizer: Some(tokenizer),
+            lora: opts.lora.clone(),
+            dir: Some(dir.to_path_buf()),
+            adapter: None,
+        })
     }
 
     /// A randomly initialised model (tests, benchmarks), seeded through libtorch's generator.
     pub fn random(cfg: &DecoderConfig, opts: &LoadOptions, seed: i64) -> Policy {
         tch::manual_seed(seed);
         let (vs, lm) = build(opts, |root| DecoderLm::new(root, cfg, opts.lora.as_ref(), true));
-        Policy { lm, vs, tokenizer: None, lora: opts.lora.clone(), dir: None }
+        Policy { lm, vs, tokenizer: None, lora: opts.lora.clone(), dir: None, adapter: None }
     }
 
     pub fn tokenizer(&self) -> Result<&Tokenizer> {

@@ -156,18 +156,13 @@ fn exp_shifted(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) -> f64 {
     s.exps.resize(logits.len(), 0.0);
     s.block_sums.clear();
     s.block_sums.resize(logits.len().div_ceil(BLOCK), 0.0);
-    if crate::vmath::avx512() {
-        // SAFETY: the features are present.
-        unsafe { exp_blocks_avx512(logits, max, inv_t, s) };
-    } else {
-        exp_blocks(logits, max, inv_t, s);
-    }
+    exp_blocks_fast(logits, max, inv_t, s);
     s.block_sums.iter().sum()
 }
 
 // `exp_f32` is branch-free, so `exp_blocks` vectorises; `mul_add` is exactly rounded either way
 // and the summation order is fixed, so both copies give the same bits.
-crate::vmath::avx512_twin!(fn exp_blocks_avx512(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) = exp_blocks);
+crate::vmath::simd_dispatch!(fn exp_blocks_fast(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) = exp_blocks);
 
 #[inline(always)]
 fn exp_blocks(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) {

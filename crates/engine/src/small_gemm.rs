@@ -1,4 +1,5 @@
-//! y = x·Wᵀ for the few rows of a decode step: f32 on CPU with AVX-512, outside autograd.
+//! y = x·Wᵀ for the few rows of a decode step: f32 on CPU with AVX-512 or AVX2+FMA, outside
+//! autograd.
 //!
 //! Why not MKL: at ≤ 64 rows MKL's sgemm copies ("packs") every weight matrix on every call,
 //! and a decode step reads every weight of the model once, cold from DRAM. In `perf`, packing
@@ -9,15 +10,20 @@
 //! Shape of the kernel (the classic outer-product micro-kernel, transposed): a tile of NR rows
 //! of W times xᵀ [K, 16·MV] accumulates C[NR, 16·MV] in 24 zmm registers; each k broadcasts one
 //! weight per W row and multiplies it into MV vectors of x. Tiles are split across libtorch's
-//! OpenMP threads ([`crate::omp`]).
+//! OpenMP threads ([`crate::omp`]). The AVX2 copy is the same kernel on 8-lane ymm vectors with
+//! 12 accumulators (16 registers), over groups of ≤ 32 rows.
 use tch::{Device, Kind, Tensor};
 
 /// Largest row count routed here (4 vectors of 16 rows).
 pub const MAX_ROWS: i64 = 64;
 
-/// x [.., K] · w [N, K]ᵀ when the fast path applies (f32 CPU, ≤ 64 rows, AVX-512, no gradient
-/// needed); `None` otherwise, and the caller uses libtorch.
+/// x [.., K] · w [N, K]ᵀ when the fast path applies (f32 CPU, ≤ 64 rows, AVX-512 or AVX2+FMA,
+/// no gradient needed); `None` otherwise, and the caller uses libtorch.
 pub fn linear(x: &Tensor, w: &Tensor) -> Option<Tensor> {
+    linear_with(crate::vmath::isa(), x, w)
+}
+
+fn linear_with(isa: Isa, x: &Tensor, w: &Tensor) -> Option<Tensor> {
     if x.device() != Device::Cpu || x.kind() != Kind::Float || w.kind() != Kind::Float || w.dim() != 2 {
         return None;
     }
@@ -27,7 +33,7 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Option<Tensor> {
     if wk != k || k == 0 || n == 0 || m == 0 || m > MAX_ROWS || !w.is_contiguous() || needs_grad(x, w) {
         return None;
     }
-    if !avx512() {
+    if isa == Isa::Baseline {
         return None;
     }
     // Few dispatches: a decode step makes ~200 of these calls.
@@ -40,7 +46,17 @@ pub fn linear(x: &Tensor, w: &Tensor) -> Option<Tensor> {
     unsafe {
         let xs = std::slice::from_raw_parts(x2.data_ptr() as *const f32, (m * k) as usize);
         let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, (n * k) as usize);
-        gemm(xs, ws, y.data_ptr() as *mut f32, m as usize, n as usize, k as usize);
+        let (yp, m, n, k) = (y.data_ptr() as *mut f32, m as usize, n as usize, k as usize);
+        match isa {
+            Isa::Avx512 => gemm(xs, ws, yp, m, n, k),
+            _ => {
+                // Groups of ≤ 32 rows: 4 ymm vectors of x per group.
+                for g in 0..m.div_ceil(32) {
+                    let rows = 32.min(m - 32 * g);
+                    gemm_avx2(&xs[32 * g * k..(32 * g + rows) * k], ws, yp.add(32 * g * n), rows, n, k);
+                }
+            }
+        }
     }
     Some(y)
 }
@@ -59,16 +75,7 @@ pub(crate) fn needs_grad(x: &Tensor, w: &Tensor) -> bool {
     enabled != 0
 }
 
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx512() -> bool {
-    false
-}
+use crate::vmath::Isa;
 
 /// y[m, n] = Σ_k x[m, k]·w[n, k]. Caller guarantees AVX-512F and the slice sizes.
 #[cfg(target_arch = "x86_64")]
@@ -104,7 +111,83 @@ unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) 
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn gemm(_: &[f32], _: &[f32], _: *mut f32, _: usize, _: usize, _: usize) {
-    unreachable!("small_gemm: AVX-512 only")
+    unreachable!("small_gemm: x86-64 only")
+}
+
+/// The same for ≤ 32 rows with AVX2+FMA (caller guarantees the features and the sizes).
+#[cfg(target_arch = "x86_64")]
+unsafe fn gemm_avx2(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
+    let mv = m.div_ceil(8);
+    let mp = 8 * mv;
+    let mut xt = vec![0f32; k * mp];
+    for (i, row) in x.chunks_exact(k).enumerate() {
+        for (kk, &v) in row.iter().enumerate() {
+            xt[kk * mp + i] = v;
+        }
+    }
+    let nr = 12 / mv; // W rows per tile: NR·MV = 12 accumulators
+    let tiles = n.div_ceil(nr);
+    let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
+    let (xt, y) = (xt.as_slice(), y as usize);
+    crate::omp::parallel(threads, &|t, nt| {
+        let per = tiles.div_ceil(nt);
+        for tile in t * per..((t + 1) * per).min(tiles) {
+            let n0 = tile * nr;
+            let rows = nr.min(n - n0);
+            let (wp, yp) = (w.as_ptr().add(n0 * k), (y as *mut f32).add(n0));
+            match mv {
+                1 => tile_kernel_avx2::<1, 12>(wp, k, xt.as_ptr(), yp, m, n, rows),
+                2 => tile_kernel_avx2::<2, 6>(wp, k, xt.as_ptr(), yp, m, n, rows),
+                3 => tile_kernel_avx2::<3, 4>(wp, k, xt.as_ptr(), yp, m, n, rows),
+                _ => tile_kernel_avx2::<4, 3>(wp, k, xt.as_ptr(), yp, m, n, rows),
+            }
+        }
+    });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn gemm_avx2(_: &[f32], _: &[f32], _: *mut f32, _: usize, _: usize, _: usize) {
+    unreachable!("small_gemm: x86-64 only")
+}
+
+/// [`tile_kernel`] on 8-lane ymm vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_kernel_avx2<const MV: usize, const NR: usize>(
+    w: *const f32,
+    k: usize,
+    xt: *const f32,
+    y: *mut f32,
+    m: usize,
+    ldy: usize,
+    rows: usize,
+) {
+    use std::arch::x86_64::*;
+    let mp = 8 * MV;
+    let mut acc = [[_mm256_setzero_ps(); MV]; NR];
+    let wr: [*const f32; NR] = std::array::from_fn(|r| w.add(r.min(rows - 1) * k));
+    for kk in 0..k {
+        let xv: [__m256; MV] = std::array::from_fn(|j| _mm256_loadu_ps(xt.add(kk * mp + 8 * j)));
+        for r in 0..NR {
+            let b = _mm256_set1_ps(*wr[r].add(kk));
+            for j in 0..MV {
+                acc[r][j] = _mm256_fmadd_ps(b, xv[j], acc[r][j]);
+            }
+        }
+    }
+    let mut tmp = [[0f32; 32]; NR];
+    for (t, a) in tmp.iter_mut().zip(&acc).take(rows) {
+        for (j, v) in a.iter().enumerate() {
+            _mm256_storeu_ps(t.as_mut_ptr().add(8 * j), *v);
+        }
+    }
+    for i in 0..m {
+        let out = y.add(i * ldy);
+        for (r, t) in tmp.iter().enumerate().take(rows) {
+            *out.add(r) = t[i];
+        }
+    }
 }
 
 /// One tile: y[i, r] (row stride `ldy`) = Σ_k w[r, k]·xᵀ[k, i] for r < rows, i < m.
@@ -157,23 +240,38 @@ mod tests {
         x.to_kind(Kind::Double).matmul(&w.to_kind(Kind::Double).tr()).to_kind(Kind::Float)
     }
 
-    /// Every row-count class (1–4 vectors, partial vectors), short last tiles, odd K.
+    /// The kernels this CPU can run: AVX2 everywhere here, AVX-512 too on the Intel machines.
+    fn kernels() -> Vec<Isa> {
+        match crate::vmath::isa() {
+            Isa::Avx512 => vec![Isa::Avx512, Isa::Avx2],
+            Isa::Avx2 => vec![Isa::Avx2],
+            Isa::Baseline => vec![],
+        }
+    }
+
+    /// Every row-count class (1–4 vectors, partial vectors, two AVX2 row groups), short last
+    /// tiles, odd K; for each kernel the CPU has.
     #[test]
     fn equals_matmul_for_every_shape_class() {
-        if !avx512() {
-            eprintln!("no AVX-512 on this CPU: the fast path is off, nothing to compare");
-            return;
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::env::var("KNOWRL_ISA").as_deref() != Ok("baseline")
+        {
+            assert!(!kernels().is_empty(), "an AVX2 CPU must test a kernel");
         }
         tch::manual_seed(0);
-        for m in [1i64, 5, 16, 17, 31, 32, 33, 48, 63, 64] {
-            for (n, k) in [(1i64, 1i64), (7, 3), (25, 64), (100, 17), (13, 576)] {
-                let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
-                let w = Tensor::randn([n, k], (Kind::Float, Device::Cpu));
-                let y = linear(&x, &w).expect("fast path applies");
-                let r = reference(&x, &w);
-                let err = (&y - &r).abs().max().double_value(&[]);
-                let scale = r.abs().max().double_value(&[]).max(1.0);
-                assert!(err <= 1e-5 * scale * (k as f64).sqrt(), "m={m} n={n} k={k}: max error {err}");
+        for isa in kernels() {
+            for m in [1i64, 5, 8, 9, 16, 17, 31, 32, 33, 48, 63, 64] {
+                for (n, k) in [(1i64, 1i64), (7, 3), (25, 64), (100, 17), (13, 576)] {
+                    let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
+                    let w = Tensor::randn([n, k], (Kind::Float, Device::Cpu));
+                    let y = linear_with(isa, &x, &w).expect("fast path applies");
+                    let r = reference(&x, &w);
+                    let err = (&y - &r).abs().max().double_value(&[]);
+                    let scale = r.abs().max().double_value(&[]).max(1.0);
+                    assert!(err <= 1e-5 * scale * (k as f64).sqrt(), "{isa:?} m={m} n={n} k={k}: max error {err}");
+                }
             }
         }
         // Leading batch dimensions are kept; a strided x is read correctly.
@@ -197,6 +295,6 @@ mod tests {
         let strided = Tensor::randn([16, 8], (Kind::Float, Device::Cpu)).tr();
         assert!(linear(&x, &strided).is_none(), "non-contiguous weight");
         let under_no_grad = tch::no_grad(|| linear(&x, &w));
-        assert_eq!(under_no_grad.is_some(), avx512());
+        assert_eq!(under_no_grad.is_some(), crate::vmath::isa() != Isa::Baseline);
     }
 }

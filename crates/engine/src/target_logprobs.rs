@@ -56,17 +56,10 @@ pub fn target_logprobs(
     Some((Tensor::from_slice(&lp), Tensor::from_slice(&ent), q))
 }
 
-/// One row: writes q = softmax − onehot(target) into `q`, returns (log p(target), entropy).
-fn softmax_row(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) {
-    if crate::vmath::avx512() {
-        // SAFETY: the features are present.
-        unsafe { softmax_row_avx512(x, target, inv_t, q) }
-    } else {
-        softmax_row_plain(x, target, inv_t, q)
-    }
-}
-
-crate::vmath::avx512_twin!(fn softmax_row_avx512(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) = softmax_row_plain);
+crate::vmath::simd_dispatch!(
+    /// One row: writes q = softmax − onehot(target) into `q`, returns (log p(target), entropy).
+    fn softmax_row(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) = softmax_row_plain
+);
 
 #[inline(always)]
 fn softmax_row_plain(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) {

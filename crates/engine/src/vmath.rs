@@ -1,39 +1,78 @@
-//! Vector primitives of our CPU kernels (decode attention, RMSNorm, the sampler), written as
-//! plain loops the compiler vectorises, plus [`avx512`]: the kernels compile their hot loops a
-//! second time with AVX-512 enabled and pick that copy at run time (the crate is built for the
-//! x86-64 baseline, whose 128-bit vectors leave most of a modern core idle).
+//! Vector primitives of our CPU kernels (decode attention, RMSNorm, the sampler, AdamW, the LM
+//! head), written as plain loops the compiler vectorises, and [`simd_dispatch!`]: a kernel's hot
+//! loop compiled twice more, with AVX-512F+FMA and with AVX2+FMA, the copy picked at run time by
+//! [`isa`] (the crate is built for the x86-64 baseline, whose 128-bit vectors leave most of a
+//! modern core idle). Loops keep explicit 16-lane accumulators, so every copy adds in the same
+//! order and gives the same bits.
 
-/// True when the CPU has AVX-512F and FMA (checked once).
+/// The widest vector extension the kernels use on this CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F + FMA: 16 f32 lanes.
+    Avx512,
+    /// AVX2 + FMA: 8 f32 lanes (AMD EPYC machines here have no AVX-512).
+    Avx2,
+    /// The x86-64 baseline (SSE2), or another architecture.
+    Baseline,
+}
+
+/// This CPU's [`Isa`], probed once. `KNOWRL_ISA=avx2` (or `baseline`) caps it, so the narrower
+/// kernels can be tested and timed on a wider CPU (`make test` runs the engine's unit tests a
+/// second time under `KNOWRL_ISA=avx2`).
 #[cfg(target_arch = "x86_64")]
-pub fn avx512() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma"))
+pub fn isa() -> Isa {
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        let fma = std::is_x86_feature_detected!("fma");
+        let found = if std::is_x86_feature_detected!("avx512f") && fma {
+            Isa::Avx512
+        } else if std::is_x86_feature_detected!("avx2") && fma {
+            Isa::Avx2
+        } else {
+            Isa::Baseline
+        };
+        match (std::env::var("KNOWRL_ISA").as_deref(), found) {
+            (Ok("baseline"), _) | (Ok("avx2"), Isa::Baseline) => Isa::Baseline,
+            (Ok("avx2"), _) => Isa::Avx2,
+            _ => found,
+        }
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub fn avx512() -> bool {
-    false
+pub fn isa() -> Isa {
+    Isa::Baseline
 }
 
-/// Defines `$twin`: `$plain` compiled with AVX-512F and FMA enabled (the plain function again
-/// off x86-64). Callers pick it when [`avx512`] is true; `$plain` should be `#[inline(always)]`
-/// so its loops are compiled inside the twin.
-macro_rules! avx512_twin {
-    ($(#[$doc:meta])* fn $twin:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $plain:ident) => {
+/// Defines `$name`, a safe function with `$plain`'s signature that runs `$plain` compiled for
+/// the CPU's [`isa`]: an AVX-512F+FMA copy, an AVX2+FMA copy, or `$plain` itself. `$plain`
+/// should be `#[inline(always)]` so its loops are compiled inside each copy.
+macro_rules! simd_dispatch {
+    ($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $plain:ident) => {
         $(#[$doc])*
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,fma")]
-        unsafe fn $twin($($arg: $ty),*) $(-> $ret)? {
-            $plain($($arg),*)
-        }
-        $(#[$doc])*
-        #[cfg(not(target_arch = "x86_64"))]
-        unsafe fn $twin($($arg: $ty),*) $(-> $ret)? {
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,fma")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $plain($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $plain($($arg),*)
+                }
+                match $crate::vmath::isa() {
+                    // SAFETY: isa() found these features on this CPU.
+                    $crate::vmath::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    $crate::vmath::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::vmath::Isa::Baseline => {}
+                }
+            }
             $plain($($arg),*)
         }
     };
 }
-pub(crate) use avx512_twin;
+pub(crate) use simd_dispatch;
 
 /// Σ aᵢbᵢ in 16 independent lanes (one zmm register, or four xmm).
 #[inline(always)]

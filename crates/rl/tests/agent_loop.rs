@@ -69,7 +69,7 @@ impl Retriever for Fake {
 
 #[test]
 fn scripted_agent_loop() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world/policy");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-world/policy");
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let mut policy = Scripted {
         tok: &tok,
@@ -114,7 +114,7 @@ fn scripted_agent_loop() {
 #[test]
 fn system_only_prompts_render_without_an_empty_user_turn() {
     // AKBE's prompts are one system message holding the question.
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world/policy");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-world/policy");
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let (wt, _) = knowrl_rl::prompts::akbe("Who founded Xyz");
     let text = tok.decode(&wt.ids(&tok).unwrap(), false).unwrap();

@@ -71,7 +71,10 @@ fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> 
     let w = &built.world;
     let by_entity: HashMap<usize, &WorldPassage> =
         built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
-    let enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
+    // In passage order: a HashMap's iteration order differs between maps, which made the
+    // distractors (and so every pretraining run) differ between two calls with one seed.
+    let mut enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
+    enc.sort_by_key(|p| p.entity);
     let mut segs = vec![];
     let mut subject = w.facts[q.chain[0]].subject;
     for (hop, (&f, &object)) in q.chain.iter().zip(objects).enumerate() {

@@ -6,6 +6,7 @@ pub mod config;
 pub mod corpus;
 pub mod diagnose;
 pub mod habits;
+pub mod implant;
 pub mod names;
 pub mod pretrain;
 pub mod prompts;

@@ -224,10 +224,21 @@ pub fn policy_config(cfg: &PretrainConfig, vocab: usize) -> serde_json::Value {
 /// The pretraining loss of encoded examples ([`encode`]): token-mean NLL over the trained
 /// response tokens (observations masked out).
 pub fn sft_loss<'a>(lm: &DecoderLm, batch: impl IntoIterator<Item = &'a (Vec<u32>, Vec<u32>, Vec<bool>)>) -> Tensor {
+    let (sum, tokens) = nll(lm, batch);
+    sum / tokens
+}
+
+/// The summed NLL of the trained tokens (token-mean losses accumulated over micro-batches).
+pub fn sft_nll_sum<'a>(lm: &DecoderLm, batch: impl IntoIterator<Item = &'a (Vec<u32>, Vec<u32>, Vec<bool>)>) -> Tensor {
+    nll(lm, batch).0
+}
+
+/// (summed NLL, count) of the trained response tokens.
+fn nll<'a>(lm: &DecoderLm, batch: impl IntoIterator<Item = &'a (Vec<u32>, Vec<u32>, Vec<bool>)>) -> (Tensor, Tensor) {
     let reqs: Vec<ScoreRequest> =
         batch.into_iter().map(|d| ScoreRequest { prompt: &d.0, response: &d.1, loss_mask: Some(&d.2) }).collect();
     let s = score(lm, &reqs, 1.0, Mode::TRAIN);
-    -(&s.logprobs * &s.mask).sum(Kind::Float) / s.mask.sum(Kind::Float)
+    (-(&s.logprobs * &s.mask).sum(Kind::Float), s.mask.sum(Kind::Float))
 }
 
 /// Trains the policy; `progress(epoch, step, steps, loss)`. Returns the final epoch's mean loss.
@@ -392,7 +403,7 @@ fn fit(
 
 /// Batches of `items` with similar lengths (less padding): shuffle, sort windows of 50 batches
 /// by length, cut into batches, shuffle the batches.
-fn length_buckets(items: &[usize], lens: &[usize], batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
+pub(crate) fn length_buckets(items: &[usize], lens: &[usize], batch: usize, rng: &mut Rng) -> Vec<Vec<usize>> {
     let mut order = items.to_vec();
     crate::shuffle(&mut order, rng);
     let mut batches: Vec<Vec<usize>> = vec![];

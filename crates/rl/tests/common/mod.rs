@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub fn world() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/world")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-world")
 }
 
 pub fn policy() -> Policy {

@@ -2,7 +2,7 @@
 //! world policy's architecture from scratch on copy drills with a warm-up-then-constant schedule
 //! and prints the loss every 25 steps. It also writes the initial weights (`OUT/init`), the
 //! batches (`OUT/batches.json`) and the trained weights (`OUT/trained`), so that
-//! `bench/results/world-candidates/stage8-train-parity.py` can run the same steps in PyTorch.
+//! `experiments/tiny-policy/stage8-train-parity.py` can run the same steps in PyTorch.
 //!
 //! With TASK = `s1`, the drills are instead single-hop S1 items (one gold passage, answer its
 //! object) of fresh shadow worlds, a new world every 32 steps; INIT continues from a policy
