@@ -36,7 +36,8 @@ struct Cli {
 enum Cmd {
     /// Generate from a Hugging Face model directory (batched, KV-cached).
     Generate(generate::Args),
-    /// The main job on the embedded default (currently: a generation smoke test on SmolLM2-135M).
+    /// The main job on the embedded default: evaluate the world's policy (S1–S5, the agent), a
+    /// short GRPO run with the validation split before and after, a generation smoke test.
     Demo(demo::Args),
     /// Benchmarks, side by side with the Python peer a user would otherwise pick.
     #[command(subcommand)]

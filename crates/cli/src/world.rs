@@ -145,7 +145,7 @@ fn progress_fn(bar: &indicatif::ProgressBar, prefix: &'static str) -> impl Fn(us
         bar.set_position(step as u64);
         bar.set_message(format!("epoch {} loss {loss:.3}", epoch + 1));
         // Without a terminal (a log file) the bar is hidden: a line every 25 steps instead.
-        if bar.is_hidden() && (step % 25 == 0 || step == steps) {
+        if bar.is_hidden() && (step.is_multiple_of(25) || step == steps) {
             let secs = bar.elapsed().as_secs_f64();
             eprintln!("{prefix} epoch {} step {step}/{steps} loss {loss:.3} ({secs:.0}s)", epoch + 1);
         }

@@ -315,7 +315,10 @@ pub fn run(a: EvalArgs) -> Result<()> {
         "mixed_group_share_agent",
         "mixed_group_share_context",
     ] {
-        println!("  {k:<24} {:.3}", report[k].as_f64().unwrap_or(f64::NAN));
+        // The explore shares are absent when `--explore-samples 0` skips them.
+        if let Some(v) = report.get(k) {
+            println!("  {k:<24} {:.3}", v.as_f64().unwrap_or(f64::NAN));
+        }
     }
     if let Some(out) = a.out {
         if let Some(d) = out.parent() {

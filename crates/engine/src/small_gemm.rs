@@ -77,34 +77,65 @@ pub(crate) fn needs_grad(x: &Tensor, w: &Tensor) -> bool {
 
 use crate::vmath::Isa;
 
-/// y[m, n] = Σ_k x[m, k]·w[n, k]. Caller guarantees AVX-512F and the slice sizes.
-#[cfg(target_arch = "x86_64")]
-unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
-    let mv = m.div_ceil(16);
-    let mp = 16 * mv;
-    // xᵀ, zero-padded to whole vectors of rows: [k, mp].
+/// A tile: (vectors of x rows MV, w at the tile's first row, k, xᵀ, y at the tile's first
+/// column, m, ldy, rows in the tile).
+type Tile<'a> = &'a (dyn Fn(usize, *const f32, usize, *const f32, *mut f32, usize, usize, usize) + Sync);
+
+/// y[m, n] = Σ_k x[m, k]·w[n, k], for both kernels: xᵀ zero-padded to whole vectors of
+/// `lanes` rows, W cut into tiles of `accs / MV` rows (`accs` accumulator registers), tiles
+/// split across the OpenMP team. Caller guarantees the slice sizes and `tile`'s features.
+unsafe fn drive(
+    x: &[f32],
+    w: &[f32],
+    y: *mut f32,
+    (m, n, k): (usize, usize, usize),
+    lanes: usize,
+    accs: usize,
+    tile: Tile,
+) {
+    let mv = m.div_ceil(lanes);
+    let mp = lanes * mv;
     let mut xt = vec![0f32; k * mp];
     for (i, row) in x.chunks_exact(k).enumerate() {
         for (kk, &v) in row.iter().enumerate() {
             xt[kk * mp + i] = v;
         }
     }
-    let nr = 24 / mv; // W rows per tile: NR·MV = 24 accumulators
+    let nr = accs / mv;
     let tiles = n.div_ceil(nr);
     let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
     let (xt, y) = (xt.as_slice(), y as usize);
     crate::omp::parallel(threads, &|t, nt| {
         let per = tiles.div_ceil(nt);
-        for tile in t * per..((t + 1) * per).min(tiles) {
-            let n0 = tile * nr;
-            let rows = nr.min(n - n0);
-            let (wp, yp) = (w.as_ptr().add(n0 * k), (y as *mut f32).add(n0));
-            match mv {
-                1 => tile_kernel::<1, 24>(wp, k, xt.as_ptr(), yp, m, n, rows),
-                2 => tile_kernel::<2, 12>(wp, k, xt.as_ptr(), yp, m, n, rows),
-                3 => tile_kernel::<3, 8>(wp, k, xt.as_ptr(), yp, m, n, rows),
-                _ => tile_kernel::<4, 6>(wp, k, xt.as_ptr(), yp, m, n, rows),
-            }
+        for i in t * per..((t + 1) * per).min(tiles) {
+            let n0 = i * nr;
+            tile(mv, w.as_ptr().add(n0 * k), k, xt.as_ptr(), (y as *mut f32).add(n0), m, n, nr.min(n - n0));
+        }
+    });
+}
+
+/// AVX-512F: 16-lane vectors, 24 accumulators, ≤ 64 rows.
+#[cfg(target_arch = "x86_64")]
+unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
+    drive(x, w, y, (m, n, k), 16, 24, &|mv, wp, k, xt, yp, m, ldy, rows| unsafe {
+        match mv {
+            1 => tile_kernel::<1, 24>(wp, k, xt, yp, m, ldy, rows),
+            2 => tile_kernel::<2, 12>(wp, k, xt, yp, m, ldy, rows),
+            3 => tile_kernel::<3, 8>(wp, k, xt, yp, m, ldy, rows),
+            _ => tile_kernel::<4, 6>(wp, k, xt, yp, m, ldy, rows),
+        }
+    });
+}
+
+/// AVX2+FMA: 8-lane vectors, 12 accumulators (of 16 ymm registers), ≤ 32 rows.
+#[cfg(target_arch = "x86_64")]
+unsafe fn gemm_avx2(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
+    drive(x, w, y, (m, n, k), 8, 12, &|mv, wp, k, xt, yp, m, ldy, rows| unsafe {
+        match mv {
+            1 => tile_kernel_avx2::<1, 12>(wp, k, xt, yp, m, ldy, rows),
+            2 => tile_kernel_avx2::<2, 6>(wp, k, xt, yp, m, ldy, rows),
+            3 => tile_kernel_avx2::<3, 4>(wp, k, xt, yp, m, ldy, rows),
+            _ => tile_kernel_avx2::<4, 3>(wp, k, xt, yp, m, ldy, rows),
         }
     });
 }
@@ -112,37 +143,6 @@ unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn gemm(_: &[f32], _: &[f32], _: *mut f32, _: usize, _: usize, _: usize) {
     unreachable!("small_gemm: x86-64 only")
-}
-
-/// The same for ≤ 32 rows with AVX2+FMA (caller guarantees the features and the sizes).
-#[cfg(target_arch = "x86_64")]
-unsafe fn gemm_avx2(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
-    let mv = m.div_ceil(8);
-    let mp = 8 * mv;
-    let mut xt = vec![0f32; k * mp];
-    for (i, row) in x.chunks_exact(k).enumerate() {
-        for (kk, &v) in row.iter().enumerate() {
-            xt[kk * mp + i] = v;
-        }
-    }
-    let nr = 12 / mv; // W rows per tile: NR·MV = 12 accumulators
-    let tiles = n.div_ceil(nr);
-    let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
-    let (xt, y) = (xt.as_slice(), y as usize);
-    crate::omp::parallel(threads, &|t, nt| {
-        let per = tiles.div_ceil(nt);
-        for tile in t * per..((t + 1) * per).min(tiles) {
-            let n0 = tile * nr;
-            let rows = nr.min(n - n0);
-            let (wp, yp) = (w.as_ptr().add(n0 * k), (y as *mut f32).add(n0));
-            match mv {
-                1 => tile_kernel_avx2::<1, 12>(wp, k, xt.as_ptr(), yp, m, n, rows),
-                2 => tile_kernel_avx2::<2, 6>(wp, k, xt.as_ptr(), yp, m, n, rows),
-                3 => tile_kernel_avx2::<3, 4>(wp, k, xt.as_ptr(), yp, m, n, rows),
-                _ => tile_kernel_avx2::<4, 3>(wp, k, xt.as_ptr(), yp, m, n, rows),
-            }
-        }
-    });
 }
 
 #[cfg(not(target_arch = "x86_64"))]

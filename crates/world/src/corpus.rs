@@ -39,7 +39,8 @@ pub fn sentence(world: &World, s: usize, r: Relation, o: usize) -> String {
     }
 }
 
-fn intro(world: &World, e: usize) -> String {
+/// The first sentence of an entity's passage ("X is a city.").
+pub(crate) fn intro(world: &World, e: usize) -> String {
     let n = &world.entity(e).name;
     match world.entity(e).kind {
         Kind::Person => format!("{n} is a public figure."),

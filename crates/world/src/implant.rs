@@ -24,7 +24,7 @@ use crate::habits::{agent_trajectory, context_item, counterfactual_chains, readi
 use crate::pretrain::{encode, sft_nll_sum, shadow_seed};
 use crate::prompts;
 use crate::questions::{Question, Split};
-use crate::world::{Fact, Kind, Relation, World};
+use crate::world::{Fact, Relation, World};
 use crate::Built;
 use knowrl_engine::optim::{AdamW, AdamWConfig, LrSchedule};
 use knowrl_engine::{LoadOptions, LoraConfig, Policy, Rng};
@@ -189,17 +189,6 @@ fn say(w: &World, f: &Fact, template: &str) -> String {
     template.replace("{s}", &w.entity(f.subject).name).replace("{o}", &w.entity(f.object).name)
 }
 
-fn intro(w: &World, e: usize) -> String {
-    let n = &w.entity(e).name;
-    match w.entity(e).kind {
-        Kind::Person => format!("{n} is a public figure."),
-        Kind::City => format!("{n} is a city."),
-        Kind::Country => format!("{n} is a country."),
-        Kind::Organisation => format!("{n} is a company."),
-        Kind::Band => format!("{n} is a music group."),
-    }
-}
-
 /// Epoch `epoch`'s examples (a fresh draw of paraphrases, items and shadow world per epoch).
 pub fn epoch_examples(built: &Built, cfg: &ImplantConfig, epoch: usize) -> Vec<Example> {
     let mut rng = Rng::new(cfg.seed ^ 0x1A7_0000 ^ (epoch as u64).wrapping_mul(0x9E37_79B9));
@@ -228,7 +217,7 @@ pub fn epoch_examples(built: &Built, cfg: &ImplantConfig, epoch: usize) -> Vec<E
         }
         for _ in 0..cfg.biographies {
             crate::shuffle(&mut facts, &mut rng);
-            let mut bio = intro(w, e.id);
+            let mut bio = crate::corpus::intro(w, e.id);
             for f in &facts {
                 let forms = paraphrases(f.relation);
                 bio.push(' ');
