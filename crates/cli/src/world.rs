@@ -22,6 +22,7 @@ pub struct BuildArgs {
     /// Override the config's seed.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Output directory (world files only: an existing policy/ and encoder/ are kept).
     #[arg(long, default_value = "assets/world")]
     pub out: PathBuf,
 }
@@ -103,6 +104,7 @@ pub struct PretrainArgs {
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
+    /// World directory: its questions, scenarios, policy/ and encoder/.
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
     /// Write the calibration figures here (JSON).
