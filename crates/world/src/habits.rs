@@ -92,33 +92,6 @@ fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> 
     segs
 }
 
-/// Reading practice in the agent format on the *real* world's names: train-split questions whose
-/// last-hop passage, as retrieved, names a random other object of the right kind, which is the
-/// trained answer. Shadow worlds teach reading unfamiliar names only, and the real world's
-/// agent trajectories (PK questions) can be answered from memory, so without these the policy
-/// answered non-PK questions about familiar entities from memory: 36 of 86 single-hop answers
-/// named nothing in the retrieved passages. No target states a non-PK fact: the answer is made
-/// up, and multi-hop questions (whose bridge searches would name a fact) need every hop in PK.
-pub fn counterfactual_agent(built: &Built, n: usize, seed: u64) -> Vec<Example> {
-    let mut rng = Rng::new(seed ^ 0x0C0F_A617);
-    let w = &built.world;
-    let mut questions: Vec<&Question> =
-        built.questions.iter().filter(|q| q.split == Split::Train && (q.hops == 1 || q.pk_answerable)).collect();
-    crate::shuffle(&mut questions, &mut rng);
-    let mut out = vec![];
-    let by_kind = by_kind(w);
-    for q in questions.iter().cycle().take(n) {
-        let Some(o) = made_up_object(w, &by_kind, *q.chain.last().unwrap(), &mut rng) else { continue };
-        let mut objects = true_objects(w, q);
-        *objects.last_mut().unwrap() = o;
-        out.push(Example {
-            user: Some(prompts::agent(&q.question)),
-            segments: trajectory(built, q, &objects, &mut rng),
-        });
-    }
-    out
-}
-
 /// Bridge-copying practice on the real world's names: train-split multi-hop questions (any,
 /// PK or not) whose every retrieved hop names a random entity of the right kind, a coherent
 /// made-up chain, so each bridge search must copy the name just read and the answer is the last
@@ -294,28 +267,6 @@ pub fn examples(built: &Built, cfg: &crate::pretrain::PretrainConfig) -> Vec<Exa
     }
     crate::shuffle(&mut out, &mut rng);
     out
-}
-
-/// Copy drills: "Repeat: <4–8 made-up names>" answered with the same names. Every name piece
-/// after the first is a copy target, ~10× the targets of a reading item, so the circuit that
-/// continues a multi-token name found in the context (an induction head) gets a strong signal;
-/// without it the policy copied only a name's first piece (0 of 40 S1 items on a seen shadow
-/// world after 12 epochs of 3,000 reading items). A new draw per call.
-pub fn copy_drills(n: usize, seed: u64) -> Vec<Example> {
-    let mut rng = Rng::new(seed ^ 0x00C0_E7D1);
-    (0..n)
-        .map(|_| {
-            let k = 4 + rng.below(5);
-            let names: Vec<String> = (0..k)
-                .map(|_| match rng.below(3) {
-                    0 => format!("{} {}", crate::names::Names::given(&mut rng), crate::names::Names::surname(&mut rng)),
-                    _ => crate::names::Names::surname(&mut rng),
-                })
-                .collect();
-            let text = names.join(", ");
-            Example { user: Some(prompts::repeat(&text)), segments: vec![(text, true)] }
-        })
-        .collect()
 }
 
 /// A context-reading item: the scenario item's question and passages, answered with `answer`.

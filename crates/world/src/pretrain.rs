@@ -7,10 +7,7 @@
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
-use crate::habits::{
-    copy_drills, counterfactual_agent, counterfactual_chains, counterfactual_context, examples, reading_examples,
-    Example,
-};
+use crate::habits::{counterfactual_chains, counterfactual_context, examples, reading_examples, Example};
 use crate::prompts::CHAT_TEMPLATE;
 use crate::questions::Split;
 use crate::Built;
@@ -67,10 +64,6 @@ pub struct PretrainConfig {
     /// Search-agent trajectories per epoch from the epoch's shadow world.
     #[serde(default)]
     pub shadow_agent: usize,
-    /// Real-world agent trajectories per epoch whose last retrieved passage names a made-up
-    /// object, the trained answer (`habits::counterfactual_agent`; a new draw each epoch).
-    #[serde(default)]
-    pub counterfactual_agent: usize,
     /// Real-world multi-hop agent trajectories per epoch along a made-up chain: every retrieved
     /// hop names a random entity, which the next search must copy (`habits::counterfactual_chains`;
     /// a new draw each epoch).
@@ -81,14 +74,6 @@ pub struct PretrainConfig {
     /// real names in the context format.
     #[serde(default)]
     pub counterfactual_contexts: usize,
-    /// The same with partially-relevant (S5) items: gold passages among look-alike and same-kind
-    /// distractors, so the right passage must be found before its made-up object is copied.
-    #[serde(default)]
-    pub counterfactual_distractors: usize,
-    /// Copy drills per epoch ("Repeat: <made-up names>"; `habits::copy_drills`, a new draw each
-    /// epoch): practice continuing a multi-token name, which reading items alone did not teach.
-    #[serde(default)]
-    pub copy_drills: usize,
     /// Train no real-world target that states a non-PK fact (agent trajectories of questions
     /// with a non-PK hop, S1/S5 items of non-PK questions), so the policy's parametric knowledge
     /// is exactly the PK split; reading unknown facts is learnt from shadow worlds.
@@ -125,11 +110,8 @@ impl Default for PretrainConfig {
             shadow_first: 0,
             shadow_contexts: 1200,
             shadow_agent: 800,
-            counterfactual_agent: 0,
             counterfactual_chains: 0,
             counterfactual_contexts: 0,
-            counterfactual_distractors: 0,
-            copy_drills: 0,
             pk_only_targets: true,
         }
     }
@@ -276,12 +258,9 @@ pub fn train_policy(
         let start = data.len();
         let seed = cfg.seed + k as u64;
         let reading = reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, seed);
-        let agent = counterfactual_agent(built, cfg.counterfactual_agent, seed);
-        let mut contexts = counterfactual_context(built, "S1", cfg.counterfactual_contexts, seed);
-        contexts.extend(counterfactual_context(built, "S5", cfg.counterfactual_distractors, seed));
+        let contexts = counterfactual_context(built, "S1", cfg.counterfactual_contexts, seed);
         let chains = counterfactual_chains(built, cfg.counterfactual_chains, seed);
-        let copies = copy_drills(cfg.copy_drills, seed);
-        for e in reading.iter().chain(&agent).chain(&contexts).chain(&chains).chain(&copies) {
+        for e in reading.iter().chain(&contexts).chain(&chains) {
             data.push(encode(&tok, e)?);
         }
         shadows.push((start..data.len()).collect());

@@ -19,11 +19,6 @@ pub fn agent(question: &str) -> String {
     )
 }
 
-/// A copy drill (pretraining only): repeat the text.
-pub fn repeat(text: &str) -> String {
-    format!("Repeat: {text}")
-}
-
 /// The same task without the tool (AKBE's no-tool path).
 pub fn no_tool(question: &str) -> String {
     format!("Answer without searching, in <answer> </answer>.\nQuestion: {question}")

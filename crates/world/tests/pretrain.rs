@@ -56,27 +56,7 @@ fn tokenizer_policy_and_retriever_pretrain_and_load() {
     assert_eq!((reading.len(), agent_prompts(&reading).len()), (9, 4));
     let real_names: std::collections::HashSet<&str> = built.world.entities.iter().map(|e| e.name.as_str()).collect();
     assert!(shadow.world.entities.iter().filter(|e| real_names.contains(e.name.as_str())).count() < 3);
-    // Counterfactual agent practice on real names: the last retrieved passage and the trained
-    // answer name a made-up object; the true one is neither said nor trained; no multi-hop
-    // question with a non-PK hop.
-    let cf = knowrl_world::habits::counterfactual_agent(&built, 30, 2);
-    assert_eq!(cf.len(), 30);
-    let by_prompt: std::collections::HashMap<String, &knowrl_world::questions::Question> =
-        built.questions.iter().map(|q| (knowrl_world::prompts::agent(&q.question), q)).collect();
-    for e in &cf {
-        let q = by_prompt[e.user.as_ref().unwrap()];
-        assert!(q.split == knowrl_world::questions::Split::Train && (q.hops == 1 || q.pk_answerable));
-        let last = &built.world.facts[*q.chain.last().unwrap()];
-        let (said, answer) = (&e.segments[e.segments.len() - 2].0, &e.segments.last().unwrap().0);
-        let truth = sentence(&built.world, last.subject, last.relation, last.object);
-        assert!(!said.contains(&truth), "the true fact is still retrieved: {said}");
-        assert!(!answer.contains(&format!(" {} ", q.answer)), "the true answer is trained: {answer}");
-        let made_up = answer.trim_start_matches("<answer> ").trim_end_matches(" </answer>");
-        let o = built.world.entities.iter().find(|x| x.name == made_up).expect("the answer is an entity");
-        assert!(said.contains(&sentence(&built.world, last.subject, last.relation, o.id)), "{said} / {answer}");
-        assert!(e.segments.iter().all(|(_, t)| *t) || e.segments.iter().filter(|s| s.1).count() == q.hops + 1);
-    }
-    // The same in the S1 format: the train item's context with its last-hop sentence naming a
+    // Counterfactual practice in the S1 format: the train item's context with its last-hop sentence naming a
     // made-up object of the right kind, which is the only trained text; the other passages as
     // they were; a new draw per seed.
     let s1: std::collections::HashMap<String, &knowrl_world::suites::ScenarioItem> = built
@@ -284,23 +264,5 @@ fn counterfactual_distractor_items_restate_only_the_gold_sentence() {
             })
             .expect("an S5 train item with its last-hop sentence restated");
         assert!(item.context.len() > 1, "distractors are kept");
-    }
-}
-
-/// Copy drills: the trained response is exactly the text after "Repeat: ", 4–8 names, a new
-/// draw per seed, and the names are spelled from syllables, so most are several tokens long.
-#[test]
-fn copy_drills_repeat_made_up_names() {
-    let drills = knowrl_world::habits::copy_drills(40, 5);
-    assert_eq!(drills.len(), 40);
-    assert_eq!(drills, knowrl_world::habits::copy_drills(40, 5));
-    assert_ne!(drills, knowrl_world::habits::copy_drills(40, 6));
-    for d in &drills {
-        assert_eq!(d.segments.len(), 1);
-        let (text, trained) = &d.segments[0];
-        assert!(trained);
-        assert_eq!(d.user.as_deref(), Some(knowrl_world::prompts::repeat(text).as_str()));
-        let names = text.split(", ").count();
-        assert!((4..=8).contains(&names), "{text}");
     }
 }
