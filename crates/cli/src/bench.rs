@@ -197,7 +197,7 @@ pub fn machine() -> Value {
 }
 
 fn engine(a: EngineArgs) -> Result<()> {
-    let model = a.model.unwrap_or_else(|| crate::demo::models_dir().join("smollm2-135m-instruct"));
+    let model = a.model.unwrap_or_else(|| knowrl_engine::adapter::models_dir().join("smollm2-135m-instruct"));
     anyhow::ensure!(model.join("config.json").exists(), "{} not found: run `make models`", model.display());
     let python = a
         .python

@@ -119,7 +119,7 @@ fn worker(model: &std::path::Path, steps: u64) -> Result<Value> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let model = a.model.clone().unwrap_or_else(|| crate::demo::models_dir().join("smollm2-135m-instruct"));
+    let model = a.model.clone().unwrap_or_else(|| knowrl_engine::adapter::models_dir().join("smollm2-135m-instruct"));
     anyhow::ensure!(model.join("config.json").exists(), "{} not found: run `make models`", model.display());
     if a.worker {
         tch::set_num_threads(a.bench_threads);

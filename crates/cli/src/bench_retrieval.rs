@@ -16,7 +16,7 @@ use tch::{Kind, Tensor};
 #[derive(clap::Args)]
 pub struct RetrievalArgs {
     /// HotpotQA-IRCoT sample (pooled into the BM25/encoding corpus).
-    #[arg(long, default_value = "../shared/data/real/hotpotqa_ircot/dev_subsampled.jsonl")]
+    #[arg(long, default_value = "data/real/hotpotqa_ircot/dev_subsampled.jsonl")]
     pub hotpotqa: PathBuf,
     /// Encoder for the encoding benchmark (default: $KNOWRL_MODELS/all-minilm-l6-v2).
     #[arg(long)]
@@ -67,7 +67,7 @@ pub fn run(a: RetrievalArgs) -> Result<()> {
         .unwrap_or_else(|| ".venv/bin/python".into());
     let dir = std::env::temp_dir().join(format!("knowrl-bench-retrieval-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let model = a.model.clone().unwrap_or_else(|| crate::demo::models_dir().join("all-minilm-l6-v2"));
+    let model = a.model.clone().unwrap_or_else(|| knowrl_engine::adapter::models_dir().join("all-minilm-l6-v2"));
     let (passages, qs) = hotpotqa_ircot(&a.hotpotqa).with_context(|| format!("reading {}", a.hotpotqa.display()))?;
     let queries: Vec<String> = qs.iter().map(|q| q.question.clone()).collect();
     let jsonl: String = passages.iter().map(|p| serde_json::to_string(p).unwrap() + "\n").collect();

@@ -53,10 +53,6 @@ fn grpo_before_after(world: &std::path::Path, steps: Option<u64>) -> Result<()> 
     Ok(())
 }
 
-pub fn models_dir() -> PathBuf {
-    knowrl_engine::adapter::models_dir()
-}
-
 pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let policy = a.world.join("policy");
@@ -76,7 +72,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("{}: no pretrained policy; run `knowrl world build` and `knowrl world pretrain`", a.world.display());
     }
     println!("\n== real model smoke test ==");
-    let model = a.model.unwrap_or_else(|| models_dir().join("smollm2-135m-instruct"));
+    let model = a.model.unwrap_or_else(|| knowrl_engine::adapter::models_dir().join("smollm2-135m-instruct"));
     anyhow::ensure!(
         model.join("config.json").exists(),
         "{} not found: run `make models` first (scripts/fetch-real-models)",

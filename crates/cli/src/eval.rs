@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long, default_value = "assets/world")]
     pub world: PathBuf,
     /// The real-data folder.
-    #[arg(long, default_value = "../shared/data/real")]
+    #[arg(long, default_value = "data/real")]
     pub data: PathBuf,
     /// World split: test | valid.
     #[arg(long, default_value = "test")]

@@ -130,6 +130,19 @@ fn read_recipe<T: serde::de::DeserializeOwned + Default>(path: &std::path::Path,
     toml::from_str::<T>(&text).with_context(|| format!("{}: not a pretraining recipe", path.display()))
 }
 
+/// The world of `a.world` and the recipe: `--config`, else `WORLD/default_file` when it exists,
+/// else the built-in defaults. Returns (world, recipe path, recipe).
+fn world_and_recipe<T: serde::de::DeserializeOwned + Default>(
+    a: &PretrainArgs,
+    default_file: &str,
+) -> Result<(knowrl_world::Built, PathBuf, T)> {
+    let built = knowrl_world::build(&WorldConfig::load(&a.world.join("config.toml"))?);
+    let recipe = a.config.clone().unwrap_or_else(|| a.world.join(default_file));
+    let r = read_recipe(&recipe, a.config.is_some())?;
+    eprintln!("recipe: {}", if recipe.exists() { recipe.display().to_string() } else { "built-in defaults".into() });
+    Ok((built, recipe, r))
+}
+
 /// A progress bar whose callback is `(epoch, step, steps, loss)`.
 fn epoch_bar() -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(0);
@@ -160,11 +173,7 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
     }
     use knowrl_world::implant::{train_adapter, ImplantConfig};
     use knowrl_world::pretrain::{train_encoder, train_tokenizer};
-    let wcfg = WorldConfig::load(&a.world.join("config.toml"))?;
-    let built = knowrl_world::build(&wcfg);
-    let recipe = a.config.clone().unwrap_or_else(|| a.world.join("implant.toml"));
-    let mut ic: ImplantConfig = read_recipe(&recipe, a.config.is_some())?;
-    eprintln!("recipe: {}", if recipe.exists() { recipe.display().to_string() } else { "built-in defaults".into() });
+    let (built, recipe, mut ic) = world_and_recipe::<ImplantConfig>(&a, "implant.toml")?;
     if let Some(e) = a.epochs {
         ic.epochs = e;
     }
@@ -214,12 +223,7 @@ pub fn pretrain(a: PretrainArgs) -> Result<()> {
 
 fn pretrain_from_scratch(a: PretrainArgs) -> Result<()> {
     use knowrl_world::pretrain::{train_encoder, train_policy, train_tokenizer, PretrainConfig};
-    let cfg_path = a.world.join("config.toml");
-    let wcfg = WorldConfig::load(&cfg_path)?;
-    let built = knowrl_world::build(&wcfg);
-    let recipe = a.config.clone().unwrap_or_else(|| a.world.join("pretrain.toml"));
-    let mut pc: PretrainConfig = read_recipe(&recipe, a.config.is_some())?;
-    eprintln!("recipe: {}", if recipe.exists() { recipe.display().to_string() } else { "built-in defaults".into() });
+    let (built, _, mut pc) = world_and_recipe::<PretrainConfig>(&a, "pretrain.toml")?;
     if let Some(e) = a.epochs {
         pc.epochs = e;
     }

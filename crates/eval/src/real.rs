@@ -1,4 +1,4 @@
-//! Real-data suites from ../shared/data/real (any HF model directory can be evaluated on them):
+//! Real-data suites from data/real (samples shipped with the repository; provenance and licences in data/real/README.md) (any HF model directory can be evaluated on them):
 //! - ConFiQA (SABER sample): each question with its supporting and its counterfactual context;
 //!   scored as "correct" (the true answer) and "follows context" (the answer the context states);
 //! - FlashRAG-format QA (Bamboogle, NQ sample): `{"id","question","golden_answers"}`, query-only.

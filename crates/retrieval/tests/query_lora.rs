@@ -20,8 +20,7 @@ fn minilm() -> PathBuf {
 #[test]
 fn query_lora_trains_through_candidate_scores_only() {
     tch::manual_seed(0);
-    let data =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/real/hotpotqa_ircot/dev_subsampled.jsonl");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/real/hotpotqa_ircot/dev_subsampled.jsonl");
     let (mut passages, qs) = hotpotqa_ircot(&data).unwrap();
     passages.truncate(60);
     let corpus = Arc::new(Corpus::Memory(passages));

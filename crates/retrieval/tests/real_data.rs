@@ -13,10 +13,9 @@ use knowrl_retrieval::Retriever;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-fn shared_data() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let p = std::env::var_os("KNOWRL_SHARED").map(PathBuf::from).unwrap_or_else(|| root.join("../shared"));
-    p.join("data/real/hotpotqa_ircot/dev_subsampled.jsonl")
+/// The HotpotQA-IRCoT sample the repository ships (data/real, provenance in its README).
+fn ircot_sample() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/real/hotpotqa_ircot/dev_subsampled.jsonl")
 }
 
 fn minilm() -> PathBuf {
@@ -42,7 +41,7 @@ fn recall(r: &dyn Retriever, questions: &[String], gold: &[Vec<String>], k: usiz
 #[test]
 fn minilm_bm25_hybrid_recall_on_hotpotqa_ircot() {
     tch::set_num_threads(2);
-    let (passages, qs) = hotpotqa_ircot(&shared_data()).unwrap();
+    let (passages, qs) = hotpotqa_ircot(&ircot_sample()).unwrap();
     assert_eq!(passages.len(), 4858);
     assert_eq!(qs.len(), 500);
     let corpus = Arc::new(Corpus::Memory(passages));

@@ -1,4 +1,4 @@
-//! AKBE (../shared/papers/akbe.txt, Algorithm 1; released code: anchors.md §3).
+//! AKBE (Chen et al., Tencent, 2026: adaptive knowledge-boundary exploration for agentic RL; Algorithm 1; released code: docs/methods/akbe.md).
 //!
 //! Per question: n_wt with-tool trajectories (agent prompt) and n_nt no-tool trajectories
 //! (no-tool prompt, one turn, never searched). Comparing the two paths' correctness places the

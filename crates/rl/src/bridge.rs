@@ -1,4 +1,4 @@
-//! BRIDGE (../shared/papers/bridge.txt): bilevel co-training of a query-side LoRA on the dense
+//! BRIDGE ("BRIDGE: Bilevel Retrieval-Credit-Aware Agentic Reinforcement Learning"): bilevel co-training of a query-side LoRA on the dense
 //! retriever (lower level) and the policy (upper level, GRPO). The paper's copy lost Eqs.
 //! (6)–(17); the derivation implemented here is in docs/methods/bridge.md, equation by equation
 //! (numbers B1–B9 below refer to it).

@@ -36,11 +36,11 @@ pub enum Method {
     /// GRPO / DAPO / GSPO (per `algorithm.name`) on the search-agent loop.
     #[default]
     Grpo,
-    /// ../shared/papers/knowledgeable-r1.txt: joint PK/CK sampling, single turn.
+    /// Knowledgeable-R1 ("Resisting Contextual Interference in RAG via Parametric-Knowledge Reinforcement"): joint PK/CK sampling, single turn.
     KnowledgeableR1,
-    /// ../shared/papers/akbe.txt: dual-path rollouts + CE on knowledge-boundary targets.
+    /// AKBE (adaptive knowledge-boundary exploration): dual-path rollouts + CE on knowledge-boundary targets.
     Akbe,
-    /// ../shared/papers/bridge.txt: query-LoRA retriever (lower level) + GRPO policy (upper).
+    /// BRIDGE ("Bilevel Retrieval-Credit-Aware Agentic Reinforcement Learning"): query-LoRA retriever (lower level) + GRPO policy (upper).
     Bridge,
 }
 

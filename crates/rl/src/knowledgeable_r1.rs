@@ -1,4 +1,4 @@
-//! Knowledgeable-R1 (../shared/papers/knowledgeable-r1.txt; released code: anchors.md §2).
+//! Knowledgeable-R1 ("Resisting Contextual Interference in RAG via Parametric-Knowledge Reinforcement"; released code: docs/methods/knowledgeable-r1.md).
 //!
 //! Algorithm 1, per question: n_pk responses o from the query-only prompt p and n_ck responses
 //! o′ from the context prompt p′ (joint sampling). Three policies share the weights:
