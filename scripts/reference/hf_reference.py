@@ -8,6 +8,8 @@ Jobs (field "kind"):
   grads     loss + parameter gradients of token-mean NLL over response tokens, optional LoRA
   adamw     one torch.optim.AdamW step from given params and grads
   peft      per-prompt logits of a base model with a PEFT LoRA adapter directory (peft)
+  ppo       the adapters after PPO's clipped-surrogate updates over given mini-batches (π_old
+            scored once before the first), each one clip_grad_norm_ + torch.optim.AdamW step
 """
 import json
 import sys
@@ -88,7 +90,8 @@ class LoraLinear(torch.nn.Module):
         return self.base(x) + (x @ self.lora_A.T @ self.lora_B.T) * self.scale
 
 
-def job_grads(j):
+def lm_with_lora(j):
+    """The model in float64; with j["lora"], base frozen and adapters.safetensors attached."""
     m = load_lm(j["model"], torch.float64)
     lora = j.get("lora")
     if lora:
@@ -100,6 +103,23 @@ def job_grads(j):
                 parent = m.get_submodule(name.rsplit(".", 1)[0])
                 a, b = raw[f"{name}.lora_A.weight"].double(), raw[f"{name}.lora_B.weight"].double()
                 setattr(parent, name.rsplit(".", 1)[1], LoraLinear(mod, a, b, lora["alpha"] / lora["rank"]))
+    return m
+
+
+def knowrl_name(name):
+    name = name.replace(".lora_A", ".lora_A.weight").replace(".lora_B", ".lora_B.weight")
+    return name.replace(".base.", ".")
+
+
+def response_logprobs(m, seq):
+    ids = torch.tensor([seq["prompt"] + seq["response"]])
+    logp = m(ids).logits[0].double().log_softmax(-1)
+    p = len(seq["prompt"])
+    return torch.stack([logp[p + t - 1, tok] for t, tok in enumerate(seq["response"])])
+
+
+def job_grads(j):
+    m = lm_with_lora(j)
     total, count = 0.0, 0
     for seq in j["batch"]:
         ids = torch.tensor([seq["prompt"] + seq["response"]])
@@ -114,10 +134,32 @@ def job_grads(j):
     out = {"loss": loss.detach().reshape(1)}
     for name, p in m.named_parameters():
         if p.grad is not None:
-            key = name.replace(".lora_A", ".lora_A.weight").replace(".lora_B", ".lora_B.weight")
-            key = key.replace(".base.", ".")
-            out[key] = p.grad.contiguous()
+            out[knowrl_name(name)] = p.grad.contiguous()
     save_file(out, j["out"])
+
+
+def job_ppo(j):
+    m = lm_with_lora(j)
+    params = [(n, p) for n, p in m.named_parameters() if p.requires_grad]
+    rows = j["rows"]
+    with torch.no_grad():
+        old = [response_logprobs(m, r) for r in rows]
+    opt = torch.optim.AdamW([p for _, p in params], lr=j["lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    lo, hi = 1.0 - j["clip_low"], 1.0 + j["clip_high"]
+    for mb in j["minibatches"]:
+        opt.zero_grad()
+        count = sum(sum(rows[i]["mask"]) for i in mb)
+        total = 0.0
+        for i in mb:
+            r = rows[i]
+            ratio = (response_logprobs(m, r) - old[i]).exp()
+            a = r["advantage"]
+            per_token = -torch.minimum(ratio * a, ratio.clamp(lo, hi) * a)
+            total = total + (per_token * torch.tensor(r["mask"], dtype=torch.float64)).sum()
+        (total / count).backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], j["max_grad_norm"])
+        opt.step()
+    save_file({knowrl_name(n): p.detach().contiguous() for n, p in params}, j["out"])
 
 
 def job_adamw(j):

@@ -177,6 +177,20 @@ pub struct AlgorithmSection {
     /// Entropy and clip fraction are then averaged over the rows that were scored.
     #[serde(default = "default_true")]
     pub skip_zero_advantage: bool,
+    /// Policy-gradient rows (responses) per optimiser step: each epoch deals the batch's rows,
+    /// in a seeded random order, into mini-batches of this size, one clip + AdamW step each
+    /// (PPO; verl's `ppo_mini_batch_size`, which counts prompts × n). The papers' setups make
+    /// 2 (Search-R1, 512/256), 4 (Knowledgeable-R1, 512/128) or 8 (AKBE 64/8, BRIDGE 512/64)
+    /// steps per batch. 0 = the whole batch in one step.
+    #[serde(default)]
+    pub ppo_mini_batch: usize,
+    /// Passes over each rollout batch (verl's `ppo_epochs`); π_old stays the rollout policy.
+    #[serde(default = "default_one")]
+    pub ppo_epochs: usize,
+}
+
+fn default_one() -> usize {
+    1
 }
 
 fn default_kl() -> KlEstimator {
@@ -237,6 +251,9 @@ impl TrainConfig {
         }
         if self.optim.micro_batch == 0 {
             return bad("optim.micro_batch", "must be positive".into());
+        }
+        if self.algorithm.ppo_epochs == 0 {
+            return bad("algorithm.ppo_epochs", "must be at least 1".into());
         }
         if self.algorithm.clip_low <= 0.0 || self.algorithm.clip_high <= 0.0 {
             return bad("algorithm.clip_low", "clip ranges must be positive".into());

@@ -27,13 +27,7 @@ pub fn policy_rows(
     };
     let rows = (0..trajs.len())
         .filter(|&j| kept.contains(&group[j]))
-        .map(|j| PgRow {
-            prompt: prompts[j].clone(),
-            response: trajs[j].response.clone(),
-            loss_mask: trajs[j].loss_mask.clone(),
-            advantage: adv[j],
-            weight: 1.0,
-        })
+        .map(|j| PgRow::new(prompts[j].clone(), trajs[j].response.clone(), trajs[j].loss_mask.clone(), adv[j], 1.0))
         .collect();
     (rows, kept.len())
 }

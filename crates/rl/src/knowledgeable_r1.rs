@@ -269,7 +269,7 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput>
 }
 
 fn row(prompt: &[u32], t: &crate::agent::Trajectory, advantage: f64, weight: f64) -> PgRow {
-    PgRow { prompt: prompt.to_vec(), response: t.response.clone(), loss_mask: t.loss_mask.clone(), advantage, weight }
+    PgRow::new(prompt.to_vec(), t.response.clone(), t.loss_mask.clone(), advantage, weight)
 }
 
 fn mean(v: &[f64]) -> f64 {

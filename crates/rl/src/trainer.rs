@@ -9,7 +9,10 @@ use crate::agent::{rollout, AgentConfig, Trajectory};
 use crate::config::{Method, TrainConfig};
 use crate::reward::reward;
 use crate::task::{Prompt, Task};
-use crate::update::{ce_backward, dpo_backward, pg_backward, rag_backward, CeRow, DpoPair, Normaliser, PgRow, RagTurn};
+use crate::update::{
+    ce_backward, dpo_backward, mask_len, pg_backward, rag_backward, score_old, CeRow, DpoPair, Normaliser, PgRow,
+    PgStats, RagTurn,
+};
 use knowrl_engine::checkpoint;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
 use knowrl_engine::{Policy, Rng, Tokenizer};
@@ -217,7 +220,7 @@ pub fn train(
         let t0 = Instant::now();
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
         let ctx = StepCtx { policy, reference, tok, retriever, dense, cfg, step };
-        let out = match cfg.method.name {
+        let mut out = match cfg.method.name {
             Method::Grpo => crate::grpo::step(&ctx, &picks)?,
             Method::KnowledgeableR1 => crate::knowledgeable_r1::step(&ctx, &picks)?,
             Method::Akbe => crate::akbe::step(&ctx, &picks, &mut akbe_signals)?,
@@ -225,35 +228,16 @@ pub fn train(
         };
         let rollout_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        opt.zero_grad();
-        let norm = out.norm.unwrap_or_else(|| Normaliser::of(&out.pg));
-        let (mb, temp) = (cfg.optim.micro_batch, cfg.rollout.temperature);
-        let pg = pg_backward(policy, reference, &out.pg, norm, &cfg.algorithm, temp, mb);
+        let up = update_policy(policy, reference, &mut opt, &mut out, cfg, row_seed(cfg.run.seed, step, usize::MAX));
         let mut extra = out.metrics.extra.clone();
-        extra.insert("score_s".into(), pg.score_s);
-        extra.insert("backward_s".into(), pg.backward_s);
-        extra.insert("skipped_rows".into(), pg.skipped_rows as f64);
-        if !out.ce.is_empty() {
-            extra.insert("ce_nll".into(), ce_backward(policy, &out.ce, out.ce_coef, mb));
-        }
-        if !out.dpo.is_empty() {
-            extra.insert("dpo_loss".into(), dpo_backward(policy, reference, &out.dpo, out.dpo_beta, out.ce_coef, mb));
-        }
-        for (i, (coef, turns)) in out.rag.iter().enumerate() {
-            extra.insert(format!("policy_l_rag_{i}"), rag_backward(policy, turns, *coef, mb));
-        }
-        let any = !out.pg.is_empty() || !out.ce.is_empty() || !out.dpo.is_empty();
-        let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
-        if any {
-            opt.step(cfg.optim.lr);
-        }
+        extra.extend(up.extra.clone());
         let metrics = StepMetrics {
             step,
-            loss: pg.loss,
-            kl: pg.kl,
-            entropy: pg.entropy,
-            clip_frac: pg.clip_frac,
-            grad_norm,
+            loss: up.pg.loss,
+            kl: up.pg.kl,
+            entropy: up.pg.entropy,
+            clip_frac: up.pg.clip_frac,
+            grad_norm: up.grad_norm,
             rollout_s,
             update_s: t1.elapsed().as_secs_f64(),
             step_s: t0.elapsed().as_secs_f64(),
@@ -279,6 +263,114 @@ pub fn train(
         }
     }
     Ok(all)
+}
+
+/// What the update of one rollout batch did: the policy-gradient figures and gradient norm
+/// averaged over its optimiser steps, each step's own, and the auxiliary terms' losses.
+#[derive(Debug, Clone, Default)]
+pub struct UpdateStats {
+    pub pg: PgStats,
+    pub grad_norm: f64,
+    /// (policy-gradient figures, gradient norm before clipping) of each optimiser step, in order.
+    pub per_update: Vec<(PgStats, f64)>,
+    pub extra: BTreeMap<String, f64>,
+}
+
+/// PPO's schedule over one rollout batch (Schulman et al. 2017, Algorithm 1; verl's
+/// `ppo_mini_batch_size` × `ppo_epochs`): π_old is scored once under the rollout weights, then
+/// every epoch deals the rows into mini-batches in a random order drawn from `seed`, and each
+/// mini-batch is one backward over its share of every loss term, a clip and an AdamW step.
+/// The advantages stay the batch's; a mini-batch's loss normaliser is its share of the batch's
+/// (token-mean over its own tokens, as verl's). One mini-batch and one epoch is exactly the
+/// single update of earlier versions, π_old the detached current log-probs.
+pub fn update_policy(
+    policy: &Policy,
+    reference: Option<&Policy>,
+    opt: &mut AdamW,
+    out: &mut StepOutput,
+    cfg: &TrainConfig,
+    seed: u64,
+) -> UpdateStats {
+    let (alg, mb, temp) = (&cfg.algorithm, cfg.optim.micro_batch, cfg.rollout.temperature);
+    let norm = out.norm.unwrap_or_else(|| Normaliser::of(&out.pg));
+    let n = out.pg.len();
+    let size = if alg.ppo_mini_batch == 0 { n.max(1) } else { alg.ppo_mini_batch };
+    let per_epoch = n.div_ceil(size).max(1);
+    let updates = per_epoch * alg.ppo_epochs;
+    if updates > 1 {
+        score_old(policy, &mut out.pg, alg, temp, mb);
+    }
+    let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.loss_mask)).sum::<f64>();
+    let all_tokens = tokens(&out.pg);
+    // Term i of m: the i-th of m near-equal contiguous parts of an auxiliary term's rows.
+    fn part<T: Clone>(v: &[T], i: usize, m: usize) -> &[T] {
+        &v[i * v.len() / m..(i + 1) * v.len() / m]
+    }
+    let mut st = UpdateStats::default();
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    let mut add = |k: &str, v: f64| *sums.entry(k.to_string()).or_default() += v;
+    for epoch in 0..alg.ppo_epochs {
+        for (i, batch) in mini_batches(n, size, seed, epoch).iter().enumerate() {
+            let rows: Vec<PgRow> = batch.iter().map(|&j| out.pg[j].clone()).collect();
+            let share = if all_tokens > 0.0 { tokens(&rows) / all_tokens } else { 1.0 / per_epoch as f64 };
+            let norm_i = Normaliser {
+                tokens: norm.tokens * share,
+                sequences: norm.sequences * rows.len() as f64 / n.max(1) as f64,
+            };
+            opt.zero_grad();
+            let pg = pg_backward(policy, reference, &rows, norm_i, alg, temp, mb);
+            add("score_s", pg.score_s);
+            add("backward_s", pg.backward_s);
+            add("skipped_rows", pg.skipped_rows as f64 / alg.ppo_epochs as f64);
+            let (ce, dpo) = (part(&out.ce, i, per_epoch), part(&out.dpo, i, per_epoch));
+            if !out.ce.is_empty() {
+                add("ce_nll", ce_backward(policy, ce, out.ce_coef, mb) / updates as f64);
+            }
+            if !out.dpo.is_empty() {
+                add("dpo_loss", dpo_backward(policy, reference, dpo, out.dpo_beta, out.ce_coef, mb) / updates as f64);
+            }
+            let mut rag_rows = 0;
+            for (k, (coef, turns)) in out.rag.iter().enumerate() {
+                let turns = part(turns, i, per_epoch);
+                rag_rows += turns.len();
+                add(&format!("policy_l_rag_{k}"), rag_backward(policy, turns, *coef, mb) / updates as f64);
+            }
+            let any = !rows.is_empty() || !ce.is_empty() || !dpo.is_empty() || rag_rows > 0;
+            let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
+            if any {
+                opt.step(cfg.optim.lr);
+            }
+            st.per_update.push((pg, grad_norm));
+        }
+    }
+    let k = st.per_update.len() as f64;
+    for (pg, g) in &st.per_update {
+        st.pg.loss += pg.loss / k;
+        st.pg.kl += pg.kl / k;
+        st.pg.entropy += pg.entropy / k;
+        st.pg.clip_frac += pg.clip_frac / k;
+        st.pg.ppo_kl += pg.ppo_kl / k;
+        st.grad_norm += g / k;
+    }
+    sums.insert("ppo_updates".into(), k);
+    sums.insert("ppo_kl".into(), st.pg.ppo_kl);
+    st.extra = sums;
+    st
+}
+
+/// The row indices of each mini-batch of `epoch`: `0..n` dealt in a random order drawn from
+/// (`seed`, `epoch`) into batches of `size` (the last may be smaller); one batch in row order
+/// when it holds them all. Always at least one batch, so terms without rows still apply.
+pub fn mini_batches(n: usize, size: usize, seed: u64, epoch: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if size >= n {
+        return vec![order];
+    }
+    let mut rng = Rng::new(seed ^ (epoch as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93));
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    order.chunks(size.max(1)).map(<[usize]>::to_vec).collect()
 }
 
 /// Keeps the rows of a JSONL log whose `step` passes `keep` (rewritten atomically; a missing

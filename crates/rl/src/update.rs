@@ -19,6 +19,15 @@ pub struct PgRow {
     pub advantage: f64,
     /// The objective's weight λ (1 for plain GRPO).
     pub weight: f64,
+    /// log π_old of each response token, scored once before the first of several updates
+    /// ([`score_old`]); empty = π_old is the current policy (one update per batch).
+    pub old_logprobs: Vec<f64>,
+}
+
+impl PgRow {
+    pub fn new(prompt: Vec<u32>, response: Vec<u32>, loss_mask: Vec<bool>, advantage: f64, weight: f64) -> PgRow {
+        PgRow { prompt, response, loss_mask, advantage, weight, old_logprobs: vec![] }
+    }
 }
 
 /// A target sequence for a token-mean cross-entropy term (AKBE).
@@ -62,6 +71,9 @@ pub struct PgStats {
     pub kl: f64,
     pub entropy: f64,
     pub clip_frac: f64,
+    /// mean(log π_old − log π) over the scored tokens (verl's `ppo_kl`): 0 on the first update
+    /// of a batch, how far the policy has moved from the rollout policy after it.
+    pub ppo_kl: f64,
     /// Seconds in forward scoring (π_old, π, reference) and in backward.
     pub score_s: f64,
     pub backward_s: f64,
@@ -75,6 +87,44 @@ fn requests<'a>(rows: &[&'a PgRow]) -> Vec<ScoreRequest<'a>> {
         .collect()
 }
 
+/// Whether a row can change the gradient. A row with A = 0 (or λ = 0) has per-token loss
+/// −min(ρ·0, clip(ρ)·0) = 0 for every ρ, so without a KL term it adds nothing; the loss is
+/// divided by the normaliser, which counts it anyway. GRPO groups whose samples all earned the
+/// same reward are such rows.
+fn carries(alg: &AlgorithmSection, r: &PgRow) -> bool {
+    !r.response.is_empty() && (alg.kl_coef > 0.0 || !alg.skip_zero_advantage || (r.advantage != 0.0 && r.weight != 0.0))
+}
+
+/// π_old for several updates per batch (PPO): fills each row's `old_logprobs` from one no-grad
+/// scoring pass under the current weights, which are the weights that generated the batch.
+/// Rows that carry no gradient are left empty (they are never scored).
+pub fn score_old(policy: &Policy, rows: &mut [PgRow], alg: &AlgorithmSection, temperature: f64, micro_batch: usize) {
+    let temp = temperature.max(1e-6);
+    let mut todo: Vec<&mut PgRow> = rows.iter_mut().filter(|r| carries(alg, r)).collect();
+    tch::no_grad(|| {
+        for mb in todo.chunks_mut(micro_batch.max(1)) {
+            let refs: Vec<&PgRow> = mb.iter().map(|r| &**r).collect();
+            let s = score(&policy.lm, &requests(&refs), temp, Mode::EVAL);
+            let width = s.logprobs.size()[1] as usize;
+            let flat = Vec::<f64>::try_from(s.logprobs.to_kind(Kind::Double).flatten(0, -1)).expect("f64 logprobs");
+            for (i, r) in mb.iter_mut().enumerate() {
+                r.old_logprobs = flat[i * width..i * width + r.response.len()].to_vec();
+            }
+        }
+    });
+}
+
+/// The [B, width] π_old tensor of a micro-batch whose rows all carry `old_logprobs`, laid out as
+/// `score` lays out log-probs (response token t in column t, zero padding).
+fn old_tensor(rows: &[&PgRow], like: &Tensor) -> Tensor {
+    let width = like.size()[1] as usize;
+    let mut flat = vec![0f64; rows.len() * width];
+    for (i, r) in rows.iter().enumerate() {
+        flat[i * width..i * width + r.old_logprobs.len()].copy_from_slice(&r.old_logprobs);
+    }
+    Tensor::from_slice(&flat).view([rows.len() as i64, width as i64]).to_kind(like.kind()).to_device(like.device())
+}
+
 /// Accumulates ∇ of the clipped policy-gradient objective (GRPO / DAPO token ratios, GSPO
 /// sequence ratios), plus the KL to `reference` when `kl_coef > 0`, over `rows`.
 pub fn pg_backward(
@@ -86,12 +136,8 @@ pub fn pg_backward(
     temperature: f64,
     micro_batch: usize,
 ) -> PgStats {
-    // A row with A = 0 (or λ = 0) has per-token loss −min(ρ·0, clip(ρ)·0) = 0 for every ρ, so
-    // without a KL term it adds nothing to the gradient; the loss is divided by `norm`, which
-    // counts it anyway. GRPO groups whose samples all earned the same reward are such rows.
-    let carries = |r: &&PgRow| alg.kl_coef > 0.0 || !alg.skip_zero_advantage || (r.advantage != 0.0 && r.weight != 0.0);
     let with_response: Vec<&PgRow> = rows.iter().filter(|r| !r.response.is_empty()).collect();
-    let rows: Vec<&PgRow> = with_response.iter().copied().filter(carries).collect();
+    let rows: Vec<&PgRow> = with_response.iter().copied().filter(|r| carries(alg, r)).collect();
     let temp = temperature.max(1e-6);
     let gspo = alg.name == Algorithm::Gspo;
     let agg = if gspo { Aggregation::SeqMeanTokenMean } else { alg.aggregation };
@@ -100,11 +146,15 @@ pub fn pg_backward(
     for mb in rows.chunks(micro_batch.max(1)) {
         let reqs = requests(mb);
         let t0 = std::time::Instant::now();
-        // π_old is the policy that generated the batch. The trainer makes one optimiser step per
-        // batch, after every micro-batch is scored, so π_old's log-probs are the current ones:
-        // detaching them saves the second forward pass (TRL does the same for one iteration).
+        // π_old is the policy that generated the batch: scored before the first update when a
+        // batch makes several ([`score_old`]); with one update per batch it is the current
+        // policy, and detaching saves the second forward pass (TRL does the same).
         let s = score(&policy.lm, &reqs, temp, Mode::TRAIN);
-        let old = s.logprobs.detach();
+        let old = if mb.iter().all(|r| !r.old_logprobs.is_empty()) {
+            old_tensor(mb, &s.logprobs)
+        } else {
+            s.logprobs.detach()
+        };
         let adv = Tensor::from_slice(&mb.iter().map(|r| r.advantage as f32).collect::<Vec<_>>());
         let weight = Tensor::from_slice(&mb.iter().map(|r| r.weight as f32).collect::<Vec<_>>()).unsqueeze(1);
         let (per_token, clipped) = if gspo {
@@ -140,10 +190,12 @@ pub fn pg_backward(
         st.loss += loss.double_value(&[]);
         st.entropy += (&s.entropy * &s.mask).sum(Kind::Float).double_value(&[]);
         st.clip_frac += (clipped * &s.mask).sum(Kind::Float).double_value(&[]);
+        st.ppo_kl += ((&old - s.logprobs.detach()) * &s.mask).sum(Kind::Float).double_value(&[]);
     }
     st.kl /= counted;
     st.entropy /= counted;
     st.clip_frac /= counted;
+    st.ppo_kl /= counted;
     st
 }
 

@@ -176,12 +176,8 @@ fn objectives_values_and_gradient_signs() {
     let prompt = tok.encode("<|im_start|>user\nQuestion<|im_end|>\n<|im_start|>assistant\n", false).unwrap();
     let good = tok.encode("<answer> Vobilford </answer>", false).unwrap();
     let bad = tok.encode("<answer> Draitekir </answer>", false).unwrap();
-    let row = |resp: &Vec<u32>, a: f64, w: f64| knowrl_rl::update::PgRow {
-        prompt: prompt.clone(),
-        response: resp.clone(),
-        loss_mask: vec![true; resp.len()],
-        advantage: a,
-        weight: w,
+    let row = |resp: &Vec<u32>, a: f64, w: f64| {
+        knowrl_rl::update::PgRow::new(prompt.clone(), resp.clone(), vec![true; resp.len()], a, w)
     };
     let rows = vec![row(&good, 1.5, 1.0), row(&bad, -0.5, 2.0)];
     let norm = Normaliser { tokens: 10.0, sequences: 2.0 };

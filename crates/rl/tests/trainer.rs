@@ -78,7 +78,7 @@ fn zero_advantage_rows_are_skipped_with_the_same_gradient() {
     let response = |a: &str| tok.encode(&format!("<answer> {a} </answer>"), false).unwrap();
     let row = |q: &str, a: &str, advantage: f64, weight: f64| {
         let response = response(a);
-        PgRow { prompt: prompt(q), loss_mask: vec![true; response.len()], response, advantage, weight }
+        PgRow::new(prompt(q), response.clone(), vec![true; response.len()], advantage, weight)
     };
     let rows = vec![
         // A group with unequal rewards, one whose samples all scored the same, a zero-weight row.
