@@ -21,6 +21,8 @@ pub enum Cmd {
     Retrieval(crate::bench_retrieval::RetrievalArgs),
     /// One GRPO step (SmolLM2-135M, 4 × 8, 64 tokens) vs TRL's GRPOTrainer.
     Grpo(crate::bench_grpo::Args),
+    /// Seconds per RL step of each world config vs its compute floor (step FLOPs ÷ GEMM rate).
+    WorldSpeed(crate::bench_world_speed::Args),
     /// One measurement in this process (used by `bench engine`; prints JSON).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -70,6 +72,7 @@ pub fn run(c: Cmd) -> Result<()> {
         Cmd::Engine(a) => engine(a),
         Cmd::Retrieval(a) => crate::bench_retrieval::run(a),
         Cmd::Grpo(a) => crate::bench_grpo::run(a),
+        Cmd::WorldSpeed(a) => crate::bench_world_speed::run(a),
         Cmd::Worker(a) => {
             let r = worker(&a)?;
             println!("{r}");

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_grpo;
 mod bench_retrieval;
+mod bench_world_speed;
 mod demo;
 mod eval;
 mod generate;
@@ -36,8 +37,8 @@ struct Cli {
 enum Cmd {
     /// Generate from a Hugging Face model directory (batched, KV-cached).
     Generate(generate::Args),
-    /// The main job on the embedded default: evaluate the world's policy (S1–S5, the agent), a
-    /// short GRPO run with the validation split before and after, a generation smoke test.
+    /// The main job on the embedded default: evaluate the world's policy (S1–S5, the agent), then
+    /// a short GRPO run with validation agent EM before and after it.
     Demo(demo::Args),
     /// Benchmarks, side by side with the Python peer a user would otherwise pick.
     #[command(subcommand)]

@@ -77,10 +77,13 @@ pub enum ServeCmd {
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
+    /// Index directory from `knowrl index build` (BM25, dense vectors, or both).
     #[arg(long)]
     pub index: PathBuf,
+    /// bm25, dense or hybrid (default: hybrid when both were built, else the one there is).
     #[arg(long)]
     pub method: Option<Method>,
+    /// Search the index's HNSW graph (approximate) instead of the exact flat vectors.
     #[arg(long)]
     pub hnsw: bool,
     #[arg(long, default_value = "127.0.0.1")]

@@ -8,6 +8,7 @@ pub mod decode_attention;
 pub mod device;
 pub mod encoder;
 pub mod error;
+pub mod flops;
 pub mod fsutil;
 pub mod generate;
 pub mod layers;

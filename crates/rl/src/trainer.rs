@@ -217,7 +217,7 @@ pub fn train(
     }
     let mut all = vec![];
     for step in start..cfg.run.steps {
-        let t0 = Instant::now();
+        let (t0, flops0) = (Instant::now(), knowrl_engine::flops::total());
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
         let ctx = StepCtx { policy, reference, tok, retriever, dense, cfg, step };
         let mut out = match cfg.method.name {
@@ -227,10 +227,14 @@ pub fn train(
             Method::Bridge => crate::bridge::step(&ctx, &picks, &mut bridge_state)?,
         };
         let rollout_s = t0.elapsed().as_secs_f64();
+        let rollout_flops = knowrl_engine::flops::total() - flops0;
         let t1 = Instant::now();
         let up = update_policy(policy, reference, &mut opt, &mut out, cfg, row_seed(cfg.run.seed, step, usize::MAX));
         let mut extra = out.metrics.extra.clone();
         extra.extend(up.extra.clone());
+        // The step's weight-GEMM FLOPs (generation, scoring, backward): its compute floor.
+        extra.insert("gemm_flops".into(), knowrl_engine::flops::total() - flops0);
+        extra.insert("rollout_gemm_flops".into(), rollout_flops);
         let metrics = StepMetrics {
             step,
             loss: up.pg.loss,

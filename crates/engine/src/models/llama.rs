@@ -474,7 +474,28 @@ impl DecoderLm {
             let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x), mode);
             x = x + h;
         }
+        crate::flops::add_forward(
+            ids.numel() as i64,
+            self.layer_macs() * self.layers.len() as f64,
+            self.backward_passes(&x),
+        );
         self.norm.forward(&x)
+    }
+
+    /// Multiply-adds per token of one block's projections (q, k, v, o, gate, up, down).
+    fn layer_macs(&self) -> f64 {
+        let c = &self.cfg;
+        let (d, q, kv, i) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size);
+        (d * q + 2 * d * kv + q * d + 3 * d * i) as f64
+    }
+
+    /// Backward GEMM passes a forward whose output is `out` will cost (see [`crate::flops`]).
+    fn backward_passes(&self, out: &Tensor) -> u32 {
+        match (out.requires_grad(), self.embed_tokens.requires_grad()) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
+        }
     }
 
     /// Logits for hidden states [.., D], upcast to float32 when the model runs in 16 bits
@@ -482,6 +503,8 @@ impl DecoderLm {
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
         let w = self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight);
         let l = crate::layers::linear(hidden, w, None);
+        let rows = hidden.numel() as i64 / self.cfg.hidden_size.max(1);
+        crate::flops::add_forward(rows, (self.cfg.hidden_size * self.cfg.vocab_size) as f64, self.backward_passes(&l));
         match l.kind() {
             Kind::Double => l,
             _ => l.to_kind(Kind::Float),

@@ -1,0 +1,115 @@
+//! `knowrl bench world-speed`: seconds per RL step of each world config (GRPO,
+//! Knowledgeable-R1, AKBE, BRIDGE on the v2 policy with LoRA) against its compute floor: the
+//! step's weight-GEMM FLOPs (generation, scoring, backward; `knowrl_engine::flops`) divided by
+//! this machine's float32 GEMM rate, measured in the same run. Writes
+//! bench/results/world-v2-speed.json.
+use anyhow::{Context, Result};
+use knowrl_rl::config::TrainConfig;
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// World training configs to time (each is run for `--steps` steps in a scratch directory).
+    #[arg(long, num_args = 1.., default_values = [
+        "configs/world-grpo.toml", "configs/world-knowledgeable-r1.toml",
+        "configs/world-akbe.toml", "configs/world-bridge.toml"])]
+    pub configs: Vec<PathBuf>,
+    /// Steps per config; the first is a warm-up and not counted.
+    #[arg(long, default_value_t = 3)]
+    pub steps: u64,
+    /// Threads (libtorch intra-op).
+    #[arg(long, default_value_t = 2)]
+    pub bench_threads: i32,
+    #[arg(long, default_value = "bench/results/world-v2-speed.json")]
+    pub out: PathBuf,
+}
+
+/// Best-of-five float32 GEMM rate (GFLOP/s) of an [m, k] × [k, n] product.
+fn gemm_gflops(m: i64, k: i64, n: i64) -> f64 {
+    let a = Tensor::randn([m, k], (Kind::Float, tch::Device::Cpu));
+    let b = Tensor::randn([k, n], (Kind::Float, tch::Device::Cpu));
+    let reps = ((2e9 / (2.0 * (m * k * n) as f64)) as usize).clamp(3, 2000);
+    let _ = a.matmul(&b);
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..reps {
+                let _ = a.matmul(&b);
+            }
+            2.0 * (m * k * n) as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+fn method_name(cfg: &TrainConfig) -> String {
+    serde_json::to_value(cfg.method.name).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+}
+
+pub fn run(a: Args) -> Result<()> {
+    tch::set_num_threads(a.bench_threads);
+    anyhow::ensure!(a.steps >= 2, "--steps must be at least 2 (the first is a warm-up)");
+    // SmolLM2-135M's shapes: a 512-token prefill/scoring GEMM, and the 32-row one of a decode step.
+    let gemm = gemm_gflops(512, 576, 1536);
+    let gemm_decode = gemm_gflops(32, 576, 1536);
+    println!("float32 GEMM: {gemm:.1} GFLOP/s (512 × 576 × 1536), {gemm_decode:.1} GFLOP/s at 32 rows");
+    let (mut seconds, mut ratio, mut detail) = (Map::new(), Map::new(), Map::new());
+    let scratch = std::env::temp_dir().join(format!("knowrl-world-speed-{}", std::process::id()));
+    for path in &a.configs {
+        let mut cfg = TrainConfig::load(path).map_err(anyhow::Error::msg)?;
+        let name = method_name(&cfg);
+        cfg.run.steps = a.steps;
+        cfg.run.out_dir = scratch.join(&name);
+        cfg.run.eval_every = 0;
+        cfg.run.checkpoint_every = 0;
+        let policy = crate::train::load(&cfg)?;
+        let tool = crate::train::retriever(&cfg)?;
+        let metrics = crate::train::train_with_progress(&policy, &tool, &cfg, false, &name)
+            .with_context(|| format!("{}: training", path.display()))?;
+        let timed = &metrics[1..];
+        let mean =
+            |f: &dyn Fn(&knowrl_rl::trainer::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
+        let s = mean(&|m| m.step_s);
+        let flops = mean(&|m| m.extra.get("gemm_flops").copied().unwrap_or(0.0));
+        let floor = flops / (gemm * 1e9);
+        let rollout_floor = mean(&|m| m.extra.get("rollout_gemm_flops").copied().unwrap_or(0.0)) / (gemm * 1e9);
+        println!(
+            "{name}: {s:.1} s/step, {:.1} GFLOP/step, floor {floor:.2} s → {:.1}× the floor",
+            flops / 1e9,
+            s / floor
+        );
+        seconds.insert(name.clone(), json!(s));
+        ratio.insert(name.clone(), json!(s / floor));
+        detail.insert(
+            name,
+            json!({
+                "config": path, "steps_timed": timed.len(), "gflop_per_step": flops / 1e9,
+                "floor_s": floor, "rollout_s": mean(&|m| m.rollout_s), "rollout_floor_s": rollout_floor,
+                "update_s": mean(&|m| m.update_s), "update_floor_s": floor - rollout_floor,
+                "response_len": mean(&|m| m.response_len), "tool_calls": mean(&|m| m.tool_calls),
+            }),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    let out: Value = json!({
+        "seconds_per_step": seconds,
+        "floor_ratio": ratio,
+        "gemm_gflops": gemm,
+        "gemm_gflops_32_rows": gemm_decode,
+        "methods": detail,
+        "threads": a.bench_threads,
+        "machine": crate::bench::machine(),
+        "isa": format!("{:?}", knowrl_engine::vmath::isa()),
+        "floor": "weight-GEMM FLOPs of the step (generation incl. observation prefill, scoring, backward; \
+                  attention score/value products, LoRA products and the retriever encoder not counted) \
+                  / gemm_gflops",
+    });
+    if let Some(d) = a.out.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    std::fs::write(&a.out, serde_json::to_string_pretty(&out)? + "\n")?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
