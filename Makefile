@@ -28,14 +28,18 @@ lint: setup
 
 test: models lint
 	$(CARGO) test --release -- --test-threads=1
-	# The engine's kernels again with their AVX2 copies (the AMD machines have no AVX-512).
-	KNOWRL_ISA=avx2 $(CARGO) test --release -p knowrl-engine --lib -- --test-threads=1
+	# The engine's kernels again with their AVX2 copies (the AMD machines have no AVX-512), alone
+	# and inside the parity with transformers (logits, greedy and sampled generation).
+	KNOWRL_ISA=avx2 $(CARGO) test --release -p knowrl-engine --lib --test hf_parity --test generation -- --test-threads=1
 
 bench: models build
 	@scripts/setup --bench
 	target/release/knowrl bench engine --out bench/results/engine.json
 	target/release/knowrl bench retrieval --out bench/results/retrieval.json
 	target/release/knowrl bench grpo --out bench/results/grpo.json
+	target/release/knowrl bench world-speed --out bench/results/world-v2-speed.json
+	# The demo's GRPO run with seeds 1-3 (validation agent EM before / after each).
+	for s in 1 2 3; do target/release/knowrl demo --grpo-only --seed $$s; done | tee bench/results/demo-seeds.md
 
 # The papers' comparisons on the world (benchmarks: tens of minutes each on 2 cores).
 reproduce: build

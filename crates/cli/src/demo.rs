@@ -20,15 +20,22 @@ pub struct Args {
     /// 0 = the whole test split: `knowrl world eval`).
     #[arg(long, default_value_t = 48)]
     pub eval_limit: usize,
+    /// Seed of the GRPO run (default: configs/world-grpo.toml's); the demo's seed benchmark runs 1, 2, 3.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Only the GRPO run with its before/after validation (no world evaluation, no generation).
+    #[arg(long)]
+    pub grpo_only: bool,
 }
 
 /// A short GRPO run from configs/world-grpo.toml; agent EM / TC on the validation split before and after.
-fn grpo_before_after(world: &std::path::Path, steps: Option<u64>) -> Result<()> {
+fn grpo_before_after(world: &std::path::Path, steps: Option<u64>, seed: Option<u64>) -> Result<()> {
     use knowrl_rl::task::Prompt;
     let mut cfg = knowrl_rl::config::TrainConfig::load(std::path::Path::new("configs/world-grpo.toml"))
         .map_err(anyhow::Error::msg)?;
     cfg.run.steps = steps.unwrap_or(cfg.run.steps);
-    println!("\n== GRPO on the world's agent suite ({} steps) ==", cfg.run.steps);
+    cfg.run.seed = seed.unwrap_or(cfg.run.seed);
+    println!("\n== GRPO on the world's agent suite ({} steps, seed {}) ==", cfg.run.steps, cfg.run.seed);
     cfg.run.out_dir = PathBuf::from("runs/demo-grpo");
     cfg.run.checkpoint_every = 0;
     cfg.model.path = world.join("policy");
@@ -56,7 +63,12 @@ fn grpo_before_after(world: &std::path::Path, steps: Option<u64>) -> Result<()> 
 pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let policy = a.world.join("policy");
-    if policy.join("model.safetensors").exists() || knowrl_engine::adapter::is_adapter_dir(&policy) {
+    let pretrained = policy.join("model.safetensors").exists() || knowrl_engine::adapter::is_adapter_dir(&policy);
+    if a.grpo_only {
+        anyhow::ensure!(pretrained, "{}: no pretrained policy", a.world.display());
+        return grpo_before_after(&a.world, a.grpo_steps, a.seed);
+    }
+    if pretrained {
         println!("== the world: {} (pretrained policy, greedy, test split) ==", a.world.display());
         crate::world_eval::run(crate::world::EvalArgs {
             world: a.world.clone(),
@@ -66,7 +78,7 @@ pub fn run(a: Args) -> Result<()> {
             explore_samples: 0,
         })?;
         if a.grpo_steps != Some(0) {
-            grpo_before_after(&a.world, a.grpo_steps)?;
+            grpo_before_after(&a.world, a.grpo_steps, a.seed)?;
         }
     } else {
         println!("{}: no pretrained policy; run `knowrl world build` and `knowrl world pretrain`", a.world.display());

@@ -69,12 +69,7 @@ fn true_objects(w: &World, q: &Question) -> Vec<usize> {
 /// `objects` = the chain's true objects is the real world; any other hop's passage is restated.
 fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> Vec<(String, bool)> {
     let w = &built.world;
-    let by_entity: HashMap<usize, &WorldPassage> =
-        built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
-    // In passage order: a HashMap's iteration order differs between maps, which made the
-    // distractors (and so every pretraining run) differ between two calls with one seed.
-    let mut enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
-    enc.sort_by_key(|p| p.entity);
+    let (by_entity, enc) = encyclopedia(built);
     let mut segs = vec![];
     let mut subject = w.facts[q.chain[0]].subject;
     for (hop, (&f, &object)) in q.chain.iter().zip(objects).enumerate() {
@@ -90,6 +85,47 @@ fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> 
     }
     segs.push((prompts::answer(&w.entity(*objects.last().unwrap()).name), true));
     segs
+}
+
+/// Each entity's encyclopedia passage, and all of them in entity order (a HashMap's iteration
+/// order differs between maps, which made the distractors, and so every pretraining run, differ
+/// between two calls with one seed).
+#[allow(clippy::type_complexity)]
+fn encyclopedia(built: &Built) -> (HashMap<usize, &WorldPassage>, Vec<&WorldPassage>) {
+    let by_entity: HashMap<usize, &WorldPassage> =
+        built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
+    let mut enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
+    enc.sort_by_key(|p| p.entity);
+    (by_entity, enc)
+}
+
+/// A 1-hop question's trajectory with one needless search: the question, then a search on a
+/// name read in its results (the answer itself, or another entity a passage mentions), then the
+/// answer *from the first results*. A redundant search costs a call, not the answer: without
+/// this, the v2 policy answered from the last passage read, and at temperature 1 its 1-hop
+/// trajectories that searched twice were right 18 times in 36 against 52 in 55 with one search,
+/// so GRPO learned to drop every second search, the needed 2-hop ones included
+/// (bench/results/world-v2-candidates). `None` when the first results name no other entity.
+pub fn detour_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Option<Vec<(String, bool)>> {
+    assert_eq!(q.hops, 1, "detours are for 1-hop questions");
+    let w = &built.world;
+    let mut segs = agent_trajectory(built, q, rng);
+    let (by_entity, enc) = encyclopedia(built);
+    let subject = w.facts[q.chain[0]].subject;
+    let named: Vec<usize> = w
+        .entities
+        .iter()
+        .filter(|e| e.id != subject && by_entity.contains_key(&e.id) && segs[1].0.contains(&e.name))
+        .map(|e| e.id)
+        .collect();
+    if named.is_empty() {
+        return None;
+    }
+    let detour = named[rng.below(named.len())];
+    let hits: Vec<Hit> = retrieved(w, &by_entity, &enc, detour, rng).into_iter().map(hit).collect();
+    segs.insert(2, (prompts::search(&w.entity(detour).name), true));
+    segs.insert(3, (information_block(&hits, PassageStyle::SearchR1), false));
+    Some(segs)
 }
 
 /// Bridge-copying practice on the real world's names: train-split multi-hop questions (any,

@@ -20,7 +20,9 @@
 //! its answer only when every hop before it is in PK (the first search copies the question),
 //! context items are those of PK questions or counterfactual ones, made-up chains and shadow
 //! worlds state no real fact.
-use crate::habits::{agent_trajectory, context_item, counterfactual_chains, reading_examples, Example};
+use crate::habits::{
+    agent_trajectory, context_item, counterfactual_chains, detour_trajectory, reading_examples, Example,
+};
 use crate::pretrain::{encode, sft_nll_sum, shadow_seed};
 use crate::prompts;
 use crate::questions::{Question, Split};
@@ -64,6 +66,13 @@ pub struct ImplantConfig {
     /// Shadow-world context items and agent trajectories per epoch (a new shadow world each epoch).
     pub shadow_contexts: usize,
     pub shadow_agent: usize,
+    /// 1-hop trajectories with one needless search before the (unchanged) answer
+    /// (`habits::detour_trajectory`) per epoch: PK train questions of the real world, and
+    /// questions of the shadow world.
+    #[serde(default)]
+    pub detours: usize,
+    #[serde(default)]
+    pub shadow_detours: usize,
     /// The tiny retriever (trained on the world; see `pretrain::train_encoder`).
     pub encoder_vocab: usize,
     pub encoder_hidden: i64,
@@ -93,6 +102,8 @@ impl Default for ImplantConfig {
             no_tool: 30,
             shadow_contexts: 20,
             shadow_agent: 30,
+            detours: 20,
+            shadow_detours: 30,
             encoder_vocab: 4000,
             encoder_hidden: 96,
             encoder_layers: 2,
@@ -268,6 +279,23 @@ pub fn epoch_examples(built: &Built, cfg: &ImplantConfig, epoch: usize) -> Vec<E
     let shadow_cfg = crate::WorldConfig { seed: shadow_seed(built.config.seed, epoch), ..built.config.clone() };
     let shadow = crate::build(&shadow_cfg);
     out.extend(reading_examples(&shadow, cfg.shadow_contexts, cfg.shadow_agent, cfg.seed + epoch as u64));
+    let one_hop = |b: &'_ Built, pk_only: bool| -> Vec<Question> {
+        b.questions
+            .iter()
+            .filter(|q| q.hops == 1 && q.split == Split::Train && (q.pk_answerable || !pk_only))
+            .cloned()
+            .collect()
+    };
+    for (world, mut pool, n) in
+        [(built, one_hop(built, true), cfg.detours), (&shadow, one_hop(&shadow, false), cfg.shadow_detours)]
+    {
+        crate::shuffle(&mut pool, &mut rng);
+        for q in pool.iter().cycle().take(if pool.is_empty() { 0 } else { n }) {
+            if let Some(segments) = detour_trajectory(world, q, &mut rng) {
+                out.push(Example { user: Some(prompts::agent(&q.question)), segments });
+            }
+        }
+    }
     crate::shuffle(&mut out, &mut rng);
     out
 }

@@ -75,7 +75,17 @@ fn an_epoch_states_pk_facts_only_and_holds_the_question_templates_out() {
         let f = &w.facts[agent_q(e).unwrap().chain[0]];
         e.segments[1].0.contains(&knowrl_world::corpus::sentence(w, f.subject, f.relation, f.object))
     };
-    let agent: Vec<&Example> = ex.iter().filter(|e| agent_q(e).is_some()).filter(real).collect();
+    let searches = |e: &Example| e.segments.iter().filter(|s| s.0.starts_with("<search>")).count();
+    let (detours, agent): (Vec<&Example>, Vec<&Example>) =
+        ex.iter().filter(|e| agent_q(e).is_some()).filter(real).partition(|e| searches(e) > agent_q(e).unwrap().hops);
+    // Detours: a PK 1-hop question, one needless search, the same (true) answer.
+    assert!(!detours.is_empty(), "no detour trajectories");
+    for e in &detours {
+        let q = agent_q(e).unwrap();
+        assert!(q.hops == 1 && q.pk_answerable && searches(e) == 2, "{}", q.question);
+        assert_eq!(e.segments.last().unwrap().0, knowrl_world::prompts::answer(&q.answer));
+        assert_ne!(e.segments[2].0, knowrl_world::prompts::search(&q.question));
+    }
     assert!(agent.iter().any(|e| !agent_q(e).unwrap().pk_answerable));
     let mut partial = 0;
     for e in &agent {
