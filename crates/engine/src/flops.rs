@@ -2,7 +2,7 @@
 //! step (`knowrl bench world-speed`): each forward adds 2 × (its weights' multiply-adds) per
 //! token it runs; when autograd records the forward, the backward's GEMMs are added with it:
 //! the activation gradients (one more forward's worth) and, when the base weights train, the
-//! weight gradients (another). Not counted: attention's score and value products (~5% of a
+//! weight gradients (another). Unpacked batches (generation) count their padding too. Not counted: attention's score and value products (~5% of a
 //! SmolLM2 layer at a few hundred tokens), LoRA's rank-r products, the retriever's encoder.
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -182,9 +182,15 @@ unsafe fn tile_kernel_avx2<const MV: usize, const NR: usize>(
             _mm256_storeu_ps(t.as_mut_ptr().add(8 * j), *v);
         }
     }
+    write_transposed(&tmp, y, m, ldy, rows);
+}
+
+/// Writes a tile's columns (`cols[r][i]` = y[i, r], r < rows, i < m) into y (row stride `ldy`).
+#[cfg(target_arch = "x86_64")]
+unsafe fn write_transposed<const L: usize>(cols: &[[f32; L]], y: *mut f32, m: usize, ldy: usize, rows: usize) {
     for i in 0..m {
         let out = y.add(i * ldy);
-        for (r, t) in tmp.iter().enumerate().take(rows) {
+        for (r, t) in cols.iter().enumerate().take(rows) {
             *out.add(r) = t[i];
         }
     }
@@ -224,12 +230,7 @@ unsafe fn tile_kernel<const MV: usize, const NR: usize>(
             _mm512_storeu_ps(t.as_mut_ptr().add(16 * j), *v);
         }
     }
-    for i in 0..m {
-        let out = y.add(i * ldy);
-        for (r, t) in tmp.iter().enumerate().take(rows) {
-            *out.add(r) = t[i];
-        }
-    }
+    write_transposed(&tmp, y, m, ldy, rows);
 }
 
 #[cfg(test)]

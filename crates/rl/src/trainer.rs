@@ -1,6 +1,7 @@
 //! The RL loop every method shares: pick questions → the method's step (rollout → reward →
-//! advantage → rows, see `grpo`, `knowledgeable_r1`, `akbe`) → loss/gradients (`update`) →
-//! clip + AdamW → metrics (JSONL), atomic checkpoints, exact resumption.
+//! advantage → rows, see `grpo`, `knowledgeable_r1`, `akbe`) → PPO mini-batches × epochs
+//! (`update_policy`: each a backward through `update`, a clip and an AdamW step) → metrics
+//! (JSONL), atomic checkpoints, exact resumption.
 //!
 //! Determinism: questions are drawn from the trainer's generator (checkpointed), and rollout row
 //! j of step s samples from `Rng::new(seed ⊕ s ⊕ j)`, so a resumed run repeats exactly what the

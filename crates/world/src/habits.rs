@@ -56,7 +56,7 @@ fn retrieved<'a>(
 /// question itself (what Search-R1 agents typically issue first, and what the retriever was
 /// trained on); later ones name the bridge entity read from the previous results.
 pub fn agent_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Vec<(String, bool)> {
-    trajectory(built, q, &true_objects(&built.world, q), rng)
+    trajectory(built, &encyclopedia(built), q, &true_objects(&built.world, q), rng)
 }
 
 /// The object of each hop of `q` in the real world.
@@ -67,15 +67,20 @@ fn true_objects(w: &World, q: &Question) -> Vec<usize> {
 /// The trajectory of `q` in a world where hop k's retrieved passage says its subject's relation
 /// points to `objects[k]`: the next search names `objects[k]`, the answer is the last one.
 /// `objects` = the chain's true objects is the real world; any other hop's passage is restated.
-fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> Vec<(String, bool)> {
+fn trajectory(
+    built: &Built,
+    (by_entity, enc): &Encyclopedia,
+    q: &Question,
+    objects: &[usize],
+    rng: &mut Rng,
+) -> Vec<(String, bool)> {
     let w = &built.world;
-    let (by_entity, enc) = encyclopedia(built);
     let mut segs = vec![];
     let mut subject = w.facts[q.chain[0]].subject;
     for (hop, (&f, &object)) in q.chain.iter().zip(objects).enumerate() {
         let query = if hop == 0 { q.question.as_str() } else { w.entity(subject).name.as_str() };
         segs.push((prompts::search(query), true));
-        let mut hits: Vec<Hit> = retrieved(w, &by_entity, &enc, subject, rng).into_iter().map(hit).collect();
+        let mut hits: Vec<Hit> = retrieved(w, by_entity, enc, subject, rng).into_iter().map(hit).collect();
         let stated = w.fact(subject, w.facts[f].relation).expect("a chain's subjects have its relations");
         if stated.object != object {
             restate(w, stated.id, object, hits.iter_mut().map(|h| &mut h.contents));
@@ -90,8 +95,9 @@ fn trajectory(built: &Built, q: &Question, objects: &[usize], rng: &mut Rng) -> 
 /// Each entity's encyclopedia passage, and all of them in entity order (a HashMap's iteration
 /// order differs between maps, which made the distractors, and so every pretraining run, differ
 /// between two calls with one seed).
-#[allow(clippy::type_complexity)]
-fn encyclopedia(built: &Built) -> (HashMap<usize, &WorldPassage>, Vec<&WorldPassage>) {
+type Encyclopedia<'a> = (HashMap<usize, &'a WorldPassage>, Vec<&'a WorldPassage>);
+
+fn encyclopedia(built: &Built) -> Encyclopedia<'_> {
     let by_entity: HashMap<usize, &WorldPassage> =
         built.passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| (p.entity.unwrap(), p)).collect();
     let mut enc: Vec<&WorldPassage> = by_entity.values().copied().collect();
@@ -109,8 +115,9 @@ fn encyclopedia(built: &Built) -> (HashMap<usize, &WorldPassage>, Vec<&WorldPass
 pub fn detour_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Option<Vec<(String, bool)>> {
     assert_eq!(q.hops, 1, "detours are for 1-hop questions");
     let w = &built.world;
-    let mut segs = agent_trajectory(built, q, rng);
-    let (by_entity, enc) = encyclopedia(built);
+    let book = encyclopedia(built);
+    let mut segs = trajectory(built, &book, q, &true_objects(w, q), rng);
+    let (by_entity, enc) = &book;
     let subject = w.facts[q.chain[0]].subject;
     let named: Vec<usize> = w
         .entities
@@ -122,7 +129,7 @@ pub fn detour_trajectory(built: &Built, q: &Question, rng: &mut Rng) -> Option<V
         return None;
     }
     let detour = named[rng.below(named.len())];
-    let hits: Vec<Hit> = retrieved(w, &by_entity, &enc, detour, rng).into_iter().map(hit).collect();
+    let hits: Vec<Hit> = retrieved(w, by_entity, enc, detour, rng).into_iter().map(hit).collect();
     segs.insert(2, (prompts::search(&w.entity(detour).name), true));
     segs.insert(3, (information_block(&hits, PassageStyle::SearchR1), false));
     Some(segs)
@@ -141,13 +148,13 @@ pub fn counterfactual_chains(built: &Built, n: usize, seed: u64) -> Vec<Example>
     let mut questions: Vec<&Question> =
         built.questions.iter().filter(|q| q.split == Split::Train && q.hops > 1).collect();
     crate::shuffle(&mut questions, &mut rng);
-    let by_kind = by_kind(w);
+    let (by_kind, book) = (by_kind(w), encyclopedia(built));
     let mut out = vec![];
     for q in questions.iter().cycle().take(n) {
         let Some(objects) = made_up_chain(w, &by_kind, q, &mut rng) else { continue };
         out.push(Example {
             user: Some(prompts::agent(&q.question)),
-            segments: trajectory(built, q, &objects, &mut rng),
+            segments: trajectory(built, &book, q, &objects, &mut rng),
         });
     }
     out
