@@ -4,8 +4,9 @@
 //! ratio, and where knowrl's time goes. Writes bench/results/grpo.json.
 use anyhow::{Context, Result};
 use knowrl_rl::config::TrainConfig;
+use knowrl_rl::method::{NoTool, TrainEnv};
 use knowrl_rl::task::{Prompt, Task};
-use knowrl_rl::trainer::{train, NoTool, TrainEnv};
+use knowrl_rl::trainer::train;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -101,7 +102,7 @@ fn worker(model: &std::path::Path, steps: u64) -> Result<Value> {
     let _ = std::fs::remove_dir_all(&cfg.run.out_dir);
     let timed = &m[1.min(m.len() - 1)..];
     let mean =
-        |f: &dyn Fn(&knowrl_rl::trainer::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
+        |f: &dyn Fn(&knowrl_rl::method::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
     Ok(json!({
         // Mean, not median: completions differ in length from step to step, and a step's time
         // follows them.

@@ -45,7 +45,7 @@ fn gemm_gflops(m: i64, k: i64, n: i64) -> f64 {
 }
 
 fn method_name(cfg: &TrainConfig) -> String {
-    serde_json::to_value(cfg.method.name).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+    cfg.method.name()
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -58,7 +58,7 @@ pub fn run(a: Args) -> Result<()> {
     let (mut seconds, mut ratio, mut detail) = (Map::new(), Map::new(), Map::new());
     let scratch = std::env::temp_dir().join(format!("knowrl-world-speed-{}", std::process::id()));
     for path in &a.configs {
-        let mut cfg = TrainConfig::load(path).map_err(anyhow::Error::msg)?;
+        let mut cfg = TrainConfig::load(path)?;
         let name = method_name(&cfg);
         cfg.run.steps = a.steps;
         cfg.run.out_dir = scratch.join(&name);
@@ -70,7 +70,7 @@ pub fn run(a: Args) -> Result<()> {
             .with_context(|| format!("{}: training", path.display()))?;
         let timed = &metrics[1..];
         let mean =
-            |f: &dyn Fn(&knowrl_rl::trainer::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
+            |f: &dyn Fn(&knowrl_rl::method::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
         let s = mean(&|m| m.step_s);
         let flops = mean(&|m| m.extra.get("gemm_flops").copied().unwrap_or(0.0));
         let floor = flops / (gemm * 1e9);

@@ -31,8 +31,7 @@ pub struct Args {
 /// A short GRPO run from configs/world-grpo.toml; agent EM / TC on the validation split before and after.
 fn grpo_before_after(world: &std::path::Path, steps: Option<u64>, seed: Option<u64>) -> Result<()> {
     use knowrl_rl::task::Prompt;
-    let mut cfg = knowrl_rl::config::TrainConfig::load(std::path::Path::new("configs/world-grpo.toml"))
-        .map_err(anyhow::Error::msg)?;
+    let mut cfg = knowrl_rl::config::TrainConfig::load(std::path::Path::new("configs/world-grpo.toml"))?;
     cfg.run.steps = steps.unwrap_or(cfg.run.steps);
     cfg.run.seed = seed.unwrap_or(cfg.run.seed);
     println!("\n== GRPO on the world's agent suite ({} steps, seed {}) ==", cfg.run.steps, cfg.run.seed);

@@ -44,7 +44,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let opts = LoadOptions { device: parse_device(&a.device)?, dtype: parse_dtype(&a.dtype)?, lora: None };
+    let opts = LoadOptions { device: parse_device(&a.device)?, dtype: parse_dtype(&a.dtype)?, lora: None, seed: 0 };
     if let Some(w) = knowrl_engine::device::bf16_cpu_warning(opts.device, opts.dtype) {
         eprintln!("{w}");
     }

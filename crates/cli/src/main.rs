@@ -130,6 +130,7 @@ fn main() {
         });
         let bad_config = e.chain().any(|c| {
             c.downcast_ref::<knowrl_world::config::ConfigError>().is_some()
+                || c.downcast_ref::<knowrl_rl::config::ConfigError>().is_some()
                 || c.downcast_ref::<toml::de::Error>().is_some()
         });
         std::process::exit(if bad_input || bad_config { 2 } else { 1 });

@@ -3,7 +3,7 @@
 //! figures (Knowledgeable-R1's β, AKBE's categories, BRIDGE's retriever losses).
 use anyhow::{Context, Result};
 use knowrl_eval::plot::line_svg;
-use knowrl_rl::trainer::StepMetrics;
+use knowrl_rl::method::StepMetrics;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]

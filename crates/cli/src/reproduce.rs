@@ -9,13 +9,28 @@ use knowrl_eval::plot::bar_svg;
 use knowrl_eval::{AgentReport, ScenarioReport};
 use knowrl_retrieval::dense::DenseRetriever;
 use knowrl_rl::akbe::{Category, Signals};
-use knowrl_rl::config::{Algorithm, TrainConfig};
+use knowrl_rl::config::{Algorithm, MethodConfig, TrainConfig};
 use knowrl_rl::knowledgeable_r1::Beta;
+use knowrl_rl::method::StepMetrics;
 use knowrl_rl::task::Prompt;
-use knowrl_rl::trainer::StepMetrics;
 use knowrl_world::questions::Split;
 use serde_json::{json, Value};
 use std::path::PathBuf;
+
+/// The method section of a paper's preset (its arms change it).
+macro_rules! section {
+    ($f:ident, $variant:ident, $t:ty) => {
+        fn $f(c: &mut TrainConfig) -> &mut $t {
+            match &mut c.method {
+                MethodConfig::$variant(m) => m,
+                other => panic!("the preset's method is {}, not {}", other.name(), stringify!($f)),
+            }
+        }
+    };
+}
+section!(kr1_of, KnowledgeableR1, knowrl_rl::knowledgeable_r1::KnowledgeableR1Config);
+section!(akbe_of, Akbe, knowrl_rl::akbe::AkbeConfig);
+section!(bridge_of, Bridge, knowrl_rl::bridge::BridgeConfig);
 
 #[derive(clap::Subcommand)]
 pub enum Cmd {
@@ -71,7 +86,7 @@ fn arm(label: &'static str, ablation: bool, edit: impl Fn(&mut TrainConfig) + 's
 
 fn base_config(a: &Args, default: &str) -> Result<TrainConfig> {
     let path = a.config.clone().unwrap_or_else(|| PathBuf::from(default));
-    let mut cfg = TrainConfig::load(&path).map_err(anyhow::Error::msg)?;
+    let mut cfg = TrainConfig::load(&path)?;
     if let Some(s) = a.steps {
         cfg.run.steps = s;
     }
@@ -178,20 +193,24 @@ fn knowledgeable_r1(a: Args) -> Result<()> {
     };
     let query_only =
         |s: &knowrl_world::suites::ScenarioItem| Prompt::user(knowrl_world::prompts::query_only(&s.question));
-    let n = base.knowledgeable_r1.n_pk + base.knowledgeable_r1.n_ck;
+    let n = {
+        let mut b = base.clone();
+        let k = kr1_of(&mut b);
+        k.n_pk + k.n_ck
+    };
     let arms = vec![
         // GRPO with RAG at the same number of samples per question: all n from p′, plain group advantages.
         arm("GRPO w/ RAG", false, move |c| {
-            c.knowledgeable_r1.n_pk = 0;
-            c.knowledgeable_r1.n_ck = n;
-            c.knowledgeable_r1.ck_global = false;
+            kr1_of(c).n_pk = 0;
+            kr1_of(c).n_ck = n;
+            kr1_of(c).ck_global = false;
         }),
         arm("Knowledgeable-R1", false, |_| {}),
-        arm("w/o J_PK", true, |c| c.knowledgeable_r1.lambda_pk = 0.0),
-        arm("w/o J_RPK", true, |c| c.knowledgeable_r1.lambda_rpk = 0.0),
-        arm("w/o A_ck-local", true, |c| c.knowledgeable_r1.ck_local = false),
-        arm("w/o A_ck-global", true, |c| c.knowledgeable_r1.ck_global = false),
-        arm("fixed β = 0.5", true, |c| c.knowledgeable_r1.beta = Beta::Fixed),
+        arm("w/o J_PK", true, |c| kr1_of(c).lambda_pk = 0.0),
+        arm("w/o J_RPK", true, |c| kr1_of(c).lambda_rpk = 0.0),
+        arm("w/o A_ck-local", true, |c| kr1_of(c).ck_local = false),
+        arm("w/o A_ck-global", true, |c| kr1_of(c).ck_global = false),
+        arm("fixed β = 0.5", true, |c| kr1_of(c).beta = Beta::Fixed),
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
@@ -316,14 +335,14 @@ fn akbe(a: Args) -> Result<()> {
     };
     let plain = |c: &mut TrainConfig| {
         // The base algorithm alone, at AKBE's with-tool group size.
-        c.method.name = knowrl_rl::config::Method::Grpo;
-        c.rollout.group_size = c.akbe.n_wt;
+        c.rollout.group_size = akbe_of(c).n_wt;
+        c.method = MethodConfig::default();
     };
     let dapo = |c: &mut TrainConfig| {
         c.algorithm.name = Algorithm::Dapo;
         c.algorithm.clip_high = 0.28;
     };
-    let only = |cats: &'static [Category]| move |c: &mut TrainConfig| c.akbe.categories = cats.to_vec();
+    let only = |cats: &'static [Category]| move |c: &mut TrainConfig| akbe_of(c).categories = cats.to_vec();
     use Category::*;
     let arms = vec![
         arm("GRPO", false, plain),
@@ -337,14 +356,14 @@ fn akbe(a: Args) -> Result<()> {
         arm("w/o Efficiency", true, only(&[ToolDependent, Hallucination])),
         arm("w/o Hallucination", true, only(&[ToolDependent, Efficiency])),
         arm("w/ Tool-dependent only", true, only(&[ToolDependent])),
-        arm("Offline AKBE", true, |c| c.akbe.signals = Signals::Offline),
-        arm("AKBE, DPO variant (Appendix C)", true, |c| c.akbe.objective = knowrl_rl::akbe::Objective::Dpo),
+        arm("Offline AKBE", true, |c| akbe_of(c).signals = Signals::Offline),
+        arm("AKBE, DPO variant (Appendix C)", true, |c| akbe_of(c).objective = knowrl_rl::akbe::Objective::Dpo),
         arm("GRPO + OTC reward", true, move |c| {
             plain(c);
             c.reward.tool_productivity = true;
         }),
         arm("AKBE, with-tool teacher prompt", true, |c| {
-            c.akbe.teacher_prompt = knowrl_rl::akbe::TeacherPrompt::WithTool
+            akbe_of(c).teacher_prompt = knowrl_rl::akbe::TeacherPrompt::WithTool
         }),
     ];
     let t0 = std::time::Instant::now();
@@ -465,9 +484,7 @@ fn bridge(a: Args) -> Result<()> {
         let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
         let trajs = knowrl_eval::agent_trajectories(p, ret, &refs, prompt, &agent_cfg)?;
         let report = knowrl_eval::score_trajectories(&refs, &trajs);
-        let ok = |i: usize| {
-            knowrl_rl::reward::exact_match(trajs[i].answer.as_deref().unwrap_or(""), &refs[i].golden_answers)
-        };
+        let ok = |i: usize| trajs[i].is_correct(&refs[i].golden_answers);
         let fidelity = ["fidelity_cos_bridge", "fidelity_cos_drop", "fidelity_relerr_bridge", "fidelity_relerr_drop"]
             .iter()
             .map(|k| (k.to_string(), mean_extra(m, k)))
@@ -484,19 +501,19 @@ fn bridge(a: Args) -> Result<()> {
     };
     let steps = base.run.steps;
     let phase = (steps / 2).max(1);
-    let pipeline = |p: Pipeline| move |c: &mut TrainConfig| c.bridge.pipeline = p;
+    let pipeline = |p: Pipeline| move |c: &mut TrainConfig| bridge_of(c).pipeline = p;
     let arms = vec![
         arm("GRPO (fixed retriever)", false, pipeline(Pipeline::Fixed)),
         arm("BRIDGE", false, |_| {}),
         // Sequential pipelines get the retriever phase on top of the same policy RL budget.
         arm("RAG-then-RL", true, move |c| {
-            c.bridge.pipeline = Pipeline::RagThenRl;
-            c.bridge.phase_steps = phase;
+            bridge_of(c).pipeline = Pipeline::RagThenRl;
+            bridge_of(c).phase_steps = phase;
             c.run.steps = steps + phase;
         }),
         arm("RL-then-RAG", true, move |c| {
-            c.bridge.pipeline = Pipeline::RlThenRag;
-            c.bridge.phase_steps = phase;
+            bridge_of(c).pipeline = Pipeline::RlThenRag;
+            bridge_of(c).phase_steps = phase;
             c.run.steps = steps + phase;
         }),
         arm("Decoupled-RL", true, pipeline(Pipeline::DecoupledRl)),
@@ -505,12 +522,12 @@ fn bridge(a: Args) -> Result<()> {
         // (their policy-side RAG terms teacher-force every candidate of every turn with gradients,
         // ~10x a BRIDGE step), so their EM is not a like-for-like training comparison.
         arm("BRIDGE, Drop estimator (6 steps)", true, move |c| {
-            c.bridge.estimator = Estimator::Drop;
+            bridge_of(c).estimator = Estimator::Drop;
             c.run.steps = steps.min(6);
         }),
         arm("BRIDGE, two-state estimator (6 steps)", true, move |c| {
-            c.bridge.estimator = Estimator::TwoState;
-            c.bridge.fidelity_every = 2;
+            bridge_of(c).estimator = Estimator::TwoState;
+            bridge_of(c).fidelity_every = 2;
             c.run.steps = steps.min(6);
         }),
     ];

@@ -6,10 +6,10 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use knowrl_engine::{LoadOptions, Policy};
 use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task};
-use knowrl_rl::akbe::{Objective, Signals};
-use knowrl_rl::config::{Method, Suite, TrainConfig};
+use knowrl_rl::config::{Suite, TrainConfig};
+use knowrl_rl::method::{StepMetrics, TrainEnv};
 use knowrl_rl::task::Task;
-use knowrl_rl::trainer::{train, StepMetrics, TrainEnv};
+use knowrl_rl::trainer::train;
 use knowrl_world::questions::Split;
 use std::path::PathBuf;
 
@@ -46,16 +46,16 @@ pub fn tasks(cfg: &TrainConfig) -> Result<Vec<Task>> {
 
 /// A frozen copy of the starting weights, when something needs it and LoRA cannot provide it.
 pub fn reference(cfg: &TrainConfig) -> Result<Option<Policy>> {
-    let a = &cfg.akbe;
-    let akbe_needs =
-        cfg.method.name == Method::Akbe && (a.signals == Signals::Offline || a.objective == Objective::Dpo);
-    let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || akbe_needs;
+    let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || cfg.method.spec().needs_reference();
     Ok(if needs { Some(Policy::load(&cfg.model.path, &LoadOptions::default())?) } else { None })
 }
 
 pub fn load(cfg: &TrainConfig) -> Result<Policy> {
-    Policy::load(&cfg.model.path, &LoadOptions { lora: cfg.model.lora.clone(), ..Default::default() })
-        .with_context(|| format!("loading {}", cfg.model.path.display()))
+    Policy::load(
+        &cfg.model.path,
+        &LoadOptions { lora: cfg.model.lora.clone(), seed: cfg.run.seed as i64, ..Default::default() },
+    )
+    .with_context(|| format!("loading {}", cfg.model.path.display()))
 }
 
 /// The search tool of a run: a dense retriever (the world's, or an index's; BRIDGE adapts its
@@ -83,13 +83,8 @@ impl SearchTool {
 /// The run's retriever: `data.index` if given, else the world's; with a fresh query-side LoRA
 /// when BRIDGE trains it.
 pub fn retriever(cfg: &TrainConfig) -> Result<SearchTool> {
-    let bridge = cfg.method.name == Method::Bridge;
-    let lora = bridge.then(|| knowrl_engine::LoraConfig {
-        rank: cfg.bridge.lora_rank,
-        alpha: cfg.bridge.lora_alpha,
-        dropout: 0.0,
-        target_modules: vec!["query".into(), "value".into()],
-    });
+    let lora = cfg.method.spec().query_lora();
+    let bridge = lora.is_some();
     Ok(match &cfg.data.index {
         Some(dir) => {
             let ix = knowrl_retrieval::index::open(dir)?;
@@ -116,8 +111,13 @@ pub fn train_with_progress(
     let bar = ProgressBar::new(cfg.run.steps);
     bar.set_style(ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
     bar.set_prefix(label.to_string());
-    let dense = if cfg.method.name == Method::Bridge {
-        Some(retriever.dense().ok_or_else(|| anyhow::anyhow!("bridge: data.index must have dense vectors"))?)
+    let dense = if cfg.method.spec().query_lora().is_some() {
+        Some(retriever.dense().ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: data.index must have dense vectors (the method trains a query LoRA)",
+                cfg.method.name()
+            )
+        })?)
     } else {
         None
     };
@@ -196,7 +196,7 @@ impl<'a> PeriodicEval<'a> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let cfg = TrainConfig::load(&a.config).map_err(|e| anyhow::anyhow!(e))?;
+    let cfg = TrainConfig::load(&a.config)?;
     let policy = load(&cfg)?;
     let retriever = retriever(&cfg)?;
     let metrics = train_with_progress(&policy, &retriever, &cfg, a.resume, "train")?;

@@ -90,11 +90,8 @@ fn mixed_group_shares(
     let prompts: Vec<Prompt> =
         valid.iter().flat_map(|q| std::iter::repeat_n(Prompt::user(prompts::agent(&q.question)), samples)).collect();
     let trajs = knowrl_eval::prompt_trajectories(policy, retriever, &prompts, &AgentConfig::new(4, 3, 48, 1.0))?;
-    let ok: Vec<bool> = trajs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| exact_match(t.answer.as_deref().unwrap_or(""), &valid[i / samples].golden_answers))
-        .collect();
+    let ok: Vec<bool> =
+        trajs.iter().enumerate().map(|(i, t)| t.is_correct(&valid[i / samples].golden_answers)).collect();
     let agent = mixed(&ok);
     let items: Vec<&ScenarioItem> =
         scenarios.iter().filter(|s| s.split == Split::Valid && matches!(s.scenario.as_str(), "S1" | "S2")).collect();
@@ -237,11 +234,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
         |q| Prompt::user(prompts::agent(&q.question)),
         &cfg,
     )?;
-    let agent_rows: Vec<(&Question, bool, usize)> = agent_qs
-        .iter()
-        .zip(&trajs)
-        .map(|(q, t)| (*q, exact_match(t.answer.as_deref().unwrap_or(""), &q.golden_answers), t.tool_calls()))
-        .collect();
+    let agent_rows: Vec<(&Question, bool, usize)> =
+        agent_qs.iter().zip(&trajs).map(|(q, t)| (*q, t.is_correct(&q.golden_answers), t.tool_calls())).collect();
     let pk: Vec<_> = agent_rows.iter().filter(|r| r.0.pk_answerable).collect();
     report.insert(
         "agent_pk_search_rate".into(),

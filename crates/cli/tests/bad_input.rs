@@ -33,3 +33,25 @@ fn a_missing_model_directory_is_named_and_exits_2() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent/model") && err.matches("not a model directory").count() == 1, "{err}");
 }
+
+#[test]
+fn a_bad_train_config_is_named_and_exits_2() {
+    let dir = std::env::temp_dir().join(format!("knowrl-bad-train-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/world-akbe.toml");
+    let text = std::fs::read_to_string(shipped).unwrap();
+    let line = text.lines().position(|l| l.trim() == "[method]").unwrap() + 1;
+    let file = dir.join("akbe.toml");
+    std::fs::write(&file, text.replacen("n_nt = ", "n_ntt = ", 1)).unwrap();
+    let (code, err) = knowrl(&["train", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("akbe.toml") && err.contains(&format!("line {line}")) && err.contains("n_ntt"), "{err}");
+    // A method's own validation (BRIDGE needs more candidates than it shows) is named the same way.
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/world-bridge.toml");
+    let text = std::fs::read_to_string(shipped).unwrap();
+    std::fs::write(&file, text.replacen("k = 10 ", "k = 3 ", 1)).unwrap();
+    let (code, err) = knowrl(&["train", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("akbe.toml") && err.contains("method.k"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,13 +13,22 @@ use std::path::{Path, PathBuf};
 use tch::Tensor;
 
 const FILES: [&str; 3] = ["params.safetensors", "optimizer.safetensors", "state.json"];
+/// Tensors of the training method's own state (e.g. BRIDGE's retriever adapter), when it has any.
+const METHOD_FILE: &str = "method.safetensors";
 
 pub fn step_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!("step-{step:08}"))
 }
 
-/// Saves a checkpoint for `step`; returns its directory.
-pub fn save(root: &Path, step: u64, params: &[(String, Tensor)], opt: &AdamW, state: &Value) -> Result<PathBuf> {
+/// Saves a checkpoint for `step` (with the method's tensors, if any); returns its directory.
+pub fn save(
+    root: &Path,
+    step: u64,
+    params: &[(String, Tensor)],
+    opt: &AdamW,
+    state: &Value,
+    method: &[(String, Tensor)],
+) -> Result<PathBuf> {
     std::fs::create_dir_all(root).map_err(|e| EngineError::io(root, e))?;
     let tmp = root.join(format!(".tmp-step-{step:08}"));
     if tmp.exists() {
@@ -30,8 +39,13 @@ pub fn save(root: &Path, step: u64, params: &[(String, Tensor)], opt: &AdamW, st
     weights::write_atomic(&tmp.join(FILES[1]), &opt.state_tensors())?;
     let full = json!({ "step": step, "optimizer_steps": opt.steps, "trainer": state });
     write_atomic(&tmp.join(FILES[2]), serde_json::to_string_pretty(&full).unwrap().as_bytes())?;
+    let mut files = FILES.to_vec();
+    if !method.is_empty() {
+        weights::write_atomic(&tmp.join(METHOD_FILE), method)?;
+        files.push(METHOD_FILE);
+    }
     let mut sums = serde_json::Map::new();
-    for f in FILES {
+    for f in files {
         sums.insert(f.into(), sha256_file(&tmp.join(f))?.into());
     }
     write_atomic(&tmp.join("manifest.json"), serde_json::to_string_pretty(&Value::Object(sums)).unwrap().as_bytes())?;
@@ -59,7 +73,8 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
 /// place. Returns the trainer state saved with it and the step.
 pub fn load(dir: &Path, params: &[(String, Tensor)], opt: &mut AdamW) -> Result<(u64, Value)> {
     let manifest = read_json(&dir.join("manifest.json"))?;
-    for f in FILES {
+    let with_method = manifest.get(METHOD_FILE).is_some();
+    for f in FILES.iter().copied().chain(with_method.then_some(METHOD_FILE)) {
         let path = dir.join(f);
         let expected = manifest
             .get(f)
@@ -81,4 +96,14 @@ pub fn load(dir: &Path, params: &[(String, Tensor)], opt: &mut AdamW) -> Result<
         .and_then(Value::as_u64)
         .ok_or_else(|| EngineError::config(dir.join(FILES[2]), "step", "missing"))?;
     Ok((step, state.get("trainer").cloned().unwrap_or(Value::Null)))
+}
+
+/// The method's tensors saved with a checkpoint (empty when it saved none). `load` has verified
+/// their checksum.
+pub fn method_tensors(dir: &Path) -> Result<std::collections::HashMap<String, Tensor>> {
+    let path = dir.join(METHOD_FILE);
+    if !path.exists() {
+        return Ok(Default::default());
+    }
+    weights::read_all(&path)
 }

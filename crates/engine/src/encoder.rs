@@ -36,6 +36,7 @@ impl Encoder {
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Encoder> {
         let cfg = BertConfig::from_dir(dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
+        tch::manual_seed(opts.seed); // a fresh query LoRA's draw (see LoadOptions::seed)
         let (vs, bert) = build(opts, |root| Bert::new(root, &cfg, opts.lora.as_ref(), false));
         let files = weights::weight_files(dir)?;
         // Checkpoints saved from BertForX carry a `bert.` prefix; strip it by aliasing.

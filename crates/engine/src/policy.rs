@@ -15,11 +15,15 @@ pub struct LoadOptions {
     pub device: Device,
     pub dtype: Kind,
     pub lora: Option<LoraConfig>,
+    /// Seeds the draw of a fresh LoRA's A matrices (kaiming-uniform, as PEFT): `load` reseeds
+    /// libtorch's generator with it before building, so two processes with the same seed start
+    /// from the same adapter. Weights read from files do not depend on it.
+    pub seed: i64,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { device: Device::Cpu, dtype: Kind::Float, lora: None }
+        LoadOptions { device: Device::Cpu, dtype: Kind::Float, lora: None, seed: 0 }
     }
 }
 
@@ -72,6 +76,7 @@ impl Policy {
         let cfg = DecoderConfig::from_dir(dir)?;
         let tokenizer = Tokenizer::from_dir(dir)?;
         let files = weights::weight_files(dir)?;
+        tch::manual_seed(opts.seed);
         let (vs, lm) = build(opts, |root| DecoderLm::new(root, &cfg, opts.lora.as_ref(), false));
         let tied = cfg.tie_word_embeddings;
         weights::load_into(&files, &vs.variables(), is_lora_param, |n| {

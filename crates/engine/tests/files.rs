@@ -146,7 +146,7 @@ fn checkpoints_resume_bit_identically_and_detect_corruption() {
     let b = tiny_policy(Some(lora.clone()));
     let mut ob = AdamW::new(b.trainable_parameters(), AdamWConfig::default());
     train_steps(&b, &mut ob, 2);
-    let dir = checkpoint::save(&root, 2, &b.trainable_parameters(), &ob, &json!({"rng": [1, 2]})).unwrap();
+    let dir = checkpoint::save(&root, 2, &b.trainable_parameters(), &ob, &json!({"rng": [1, 2]}), &[]).unwrap();
     assert_eq!(checkpoint::latest(&root).unwrap().unwrap(), dir);
 
     let c = tiny_policy(Some(lora));

@@ -258,11 +258,8 @@ pub fn score_open_agent(golds: &[Vec<String>], support: &[Vec<String>], trajs: &
 
 /// Scores trajectories (one per question) as the agent suite does.
 pub fn score_trajectories(questions: &[&Question], trajs: &[Trajectory]) -> AgentReport {
-    let outcomes: Vec<(bool, usize)> = questions
-        .iter()
-        .zip(trajs)
-        .map(|(q, t)| (exact_match(t.answer.as_deref().unwrap_or(""), &q.golden_answers), t.tool_calls()))
-        .collect();
+    let outcomes: Vec<(bool, usize)> =
+        questions.iter().zip(trajs).map(|(q, t)| (t.is_correct(&q.golden_answers), t.tool_calls())).collect();
     score_agent(questions, &outcomes)
 }
 

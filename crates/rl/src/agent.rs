@@ -59,6 +59,12 @@ impl Trajectory {
     pub fn tool_calls(&self) -> usize {
         self.queries.len()
     }
+
+    /// Whether the answer matches one of `golds` (exact match after normalisation; no answer is
+    /// wrong). Every place that scores a trajectory's correctness asks this.
+    pub fn is_correct(&self, golds: &[String]) -> bool {
+        crate::reward::exact_match(self.answer.as_deref().unwrap_or(""), golds)
+    }
 }
 
 pub enum Action {

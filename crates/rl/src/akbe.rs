@@ -8,10 +8,10 @@
 //! token-mean, observation tokens masked.
 use crate::agent::Trajectory;
 use crate::grpo::policy_rows;
-use crate::reward::exact_match;
+use crate::method::{correct, rollout_metrics, row_seed, Method, MethodSpec, StepCtx, StepOutput};
+use crate::sections::RolloutSection;
 use crate::task::Task;
-use crate::trainer::{rollout_metrics, row_seed, StepCtx, StepOutput};
-use crate::update::{mask_len, CeRow, DpoPair};
+use crate::update::{mask_len, DpoPair, LossTerm, Sequence};
 use knowrl_engine::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -124,16 +124,25 @@ impl Default for AkbeConfig {
     }
 }
 
-impl AkbeConfig {
-    pub fn validate(&self) -> Result<(), String> {
+impl MethodSpec for AkbeConfig {
+    fn build(&self) -> Box<dyn Method> {
+        Box::new(Akbe { cfg: self.clone(), offline: OfflineSignals::default() })
+    }
+
+    /// Offline signals come from the frozen starting policy; DPO scores against it.
+    fn needs_reference(&self) -> bool {
+        self.signals == Signals::Offline || self.objective == Objective::Dpo
+    }
+
+    fn validate(&self, _rollout: &RolloutSection) -> Result<(), String> {
         if self.n_wt < 2 {
-            return Err(format!("field `akbe.n_wt`: {} (group advantages need at least 2)", self.n_wt));
+            return Err(format!("field `method.n_wt`: {} (group advantages need at least 2)", self.n_wt));
         }
         if self.lambda < 0.0 {
-            return Err(format!("field `akbe.lambda`: {} must be ≥ 0", self.lambda));
+            return Err(format!("field `method.lambda`: {} must be ≥ 0", self.lambda));
         }
         if self.categories.contains(&Category::BothWrong) {
-            return Err("field `akbe.categories`: both_wrong has no target".into());
+            return Err("field `method.categories`: both_wrong has no target".into());
         }
         Ok(())
     }
@@ -204,19 +213,19 @@ pub fn rejected(wt: &[Outcome], target: Target) -> Option<usize> {
 #[derive(Debug, Clone)]
 pub struct Signal {
     pub category: Category,
-    pub target: Option<crate::update::CeRow>,
-    pub rejected: Option<crate::update::CeRow>,
+    pub target: Option<crate::update::Sequence>,
+    pub rejected: Option<crate::update::Sequence>,
 }
 
 /// Offline AKBE's per-question signals, built from the starting checkpoint on first use.
 #[derive(Default)]
 pub struct OfflineSignals(HashMap<String, Signal>);
 
-fn outcomes(trajs: &[Trajectory], golden: &[String]) -> Vec<Outcome> {
+fn outcomes(trajs: &[Trajectory], task: &Task) -> Vec<Outcome> {
     trajs
         .iter()
         .map(|t| Outcome {
-            correct: exact_match(t.answer.as_deref().unwrap_or(""), golden),
+            correct: correct(t, task),
             tool_calls: t.tool_calls(),
             tokens: mask_len(&t.loss_mask) as usize,
         })
@@ -226,7 +235,7 @@ fn outcomes(trajs: &[Trajectory], golden: &[String]) -> Vec<Outcome> {
 /// Categorises question `task` from its two paths and builds the target rows.
 #[allow(clippy::too_many_arguments)]
 fn signal(
-    ctx: &StepCtx,
+    cfg: &AkbeConfig,
     task: &Task,
     wt_prompt: &[u32],
     wt: &[Trajectory],
@@ -234,15 +243,10 @@ fn signal(
     nt: &[Trajectory],
     rng: &mut Rng,
 ) -> Signal {
-    let cfg = &ctx.cfg.akbe;
-    let (wo, no) = (outcomes(wt, &task.golden), outcomes(nt, &task.golden));
+    let (wo, no) = (outcomes(wt, task), outcomes(nt, task));
     let category = categorise(&wo, &no);
     let target = select_target(category, &wo, &no, cfg, rng);
-    let ce = |prompt: &[u32], t: &Trajectory| CeRow {
-        prompt: prompt.to_vec(),
-        response: t.response.clone(),
-        loss_mask: t.loss_mask.clone(),
-    };
+    let ce = Sequence::of;
     let teacher_nt_prompt = match cfg.teacher_prompt {
         TeacherPrompt::Own => nt_prompt,
         TeacherPrompt::WithTool => wt_prompt,
@@ -255,9 +259,26 @@ fn signal(
     Signal { category, target: target_row, rejected: rejected_row }
 }
 
+pub struct Akbe {
+    pub cfg: AkbeConfig,
+    /// Built on first use from the frozen policy, seeded by the question: a resumed run
+    /// rebuilds the same signals, so they need no checkpoint.
+    offline: OfflineSignals,
+}
+
+impl Method for Akbe {
+    fn step(&mut self, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
+        step(&self.cfg, ctx, tasks, &mut self.offline)
+    }
+}
+
 /// Algorithm 1, one step.
-pub fn step(ctx: &StepCtx, tasks: &[&Task], offline: &mut OfflineSignals) -> knowrl_engine::Result<StepOutput> {
-    let cfg = &ctx.cfg.akbe;
+fn step(
+    cfg: &AkbeConfig,
+    ctx: &StepCtx,
+    tasks: &[&Task],
+    offline: &mut OfflineSignals,
+) -> knowrl_engine::Result<StepOutput> {
     if let Some(t) = tasks.iter().find(|t| t.no_tool.system.is_none() && t.no_tool.user.is_empty()) {
         return Err(knowrl_engine::EngineError::Invalid(format!(
             "AKBE: task {} has no no-tool prompt (jsonl/parquet rows need a `prompt_no_tool` column, as AKBE's data has)",
@@ -279,7 +300,7 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], offline: &mut OfflineSignals) -> kno
     let (pg, kept_groups) = policy_rows(ctx, &wt_prompts, &wt, &rewards, &wt_group);
 
     // Categories and targets (lines 5-16).
-    let mut rng = Rng::new(row_seed(ctx.cfg.run.seed ^ 0xA4BE, ctx.step, 0));
+    let mut rng = Rng::new(row_seed(ctx.seed ^ 0xA4BE, ctx.step, 0));
     let mut signals = vec![];
     for (q, task) in tasks.iter().enumerate() {
         let rows = |g: &[usize]| -> Vec<usize> { (0..g.len()).filter(|&j| g[j] == q).collect() };
@@ -289,9 +310,9 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], offline: &mut OfflineSignals) -> kno
                 let pick = |v: &[Trajectory], idx: &[usize]| -> Vec<Trajectory> {
                     idx.iter().map(|&j| v[j].clone()).collect()
                 };
-                signal(ctx, task, &wt_prompts[wi[0]], &pick(&wt, &wi), &nt_prompts[ni[0]], &pick(&nt, &ni), &mut rng)
+                signal(cfg, task, &wt_prompts[wi[0]], &pick(&wt, &wi), &nt_prompts[ni[0]], &pick(&nt, &ni), &mut rng)
             }
-            Signals::Offline => offline_signal(ctx, task, &wt_prompts[wi[0]], &nt_prompts[ni[0]], offline)?,
+            Signals::Offline => offline_signal(cfg, ctx, task, &wt_prompts[wi[0]], &nt_prompts[ni[0]], offline)?,
         };
         signals.push(s);
     }
@@ -307,26 +328,29 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], offline: &mut OfflineSignals) -> kno
     }
     let targets: Vec<&Signal> = signals.iter().filter(|s| s.target.is_some()).collect();
     metrics.extra.insert("targets".into(), targets.len() as f64);
-    let mut out = StepOutput { pg, metrics, ce_coef: cfg.lambda, dpo_beta: cfg.dpo_beta, ..Default::default() };
-    match cfg.objective {
-        Objective::Ce => out.ce = targets.iter().filter_map(|s| s.target.clone()).collect(),
-        Objective::Dpo => {
-            out.dpo = targets
+    let aux = match cfg.objective {
+        Objective::Ce => {
+            LossTerm::Ce { rows: targets.iter().filter_map(|s| s.target.clone()).collect(), coef: cfg.lambda }
+        }
+        Objective::Dpo => LossTerm::Dpo {
+            pairs: targets
                 .iter()
                 .filter_map(|s| Some(DpoPair { chosen: s.target.clone()?, rejected: s.rejected.clone()? }))
-                .collect()
-        }
-    }
-    Ok(out)
+                .collect(),
+            beta: cfg.dpo_beta,
+            coef: cfg.lambda,
+        },
+    };
+    Ok(StepOutput { terms: vec![LossTerm::Pg { rows: pg, normaliser: None }, aux], metrics })
 }
 
 fn outcomes_em(trajs: &[Trajectory], tasks: &[&Task], group: &[usize]) -> f64 {
-    trajs.iter().zip(group).filter(|(t, &k)| exact_match(t.answer.as_deref().unwrap_or(""), &tasks[k].golden)).count()
-        as f64
+    trajs.iter().zip(group).filter(|(t, &k)| correct(t, tasks[k])).count() as f64
 }
 
 /// Offline AKBE: the question's signal from the frozen starting checkpoint, computed once.
 fn offline_signal(
+    cfg: &AkbeConfig,
     ctx: &StepCtx,
     task: &Task,
     wt_prompt: &[u32],
@@ -337,9 +361,8 @@ fn offline_signal(
         return Ok(s.clone());
     }
     let frozen = ctx.reference.ok_or_else(|| {
-        knowrl_engine::EngineError::Invalid("akbe.signals = \"offline\" needs the frozen starting policy".into())
+        knowrl_engine::EngineError::Invalid("[method] signals = \"offline\" needs the frozen starting policy".into())
     })?;
-    let cfg = &ctx.cfg.akbe;
     // Seeded by the question, not the step: the signal is the same whenever it is first built
     // (so a resumed run rebuilds it identically).
     let seed = task.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
@@ -347,7 +370,7 @@ fn offline_signal(
     let wt = frozen_ctx.rollout_with(frozen, &vec![wt_prompt.to_vec(); cfg.n_wt], true, 0)?;
     let nt = frozen_ctx.rollout_with(frozen, &vec![nt_prompt.to_vec(); cfg.n_nt], false, cfg.n_wt)?;
     let mut rng = Rng::new(seed);
-    let s = signal(ctx, task, wt_prompt, &wt, nt_prompt, &nt, &mut rng);
+    let s = signal(cfg, task, wt_prompt, &wt, nt_prompt, &nt, &mut rng);
     cache.0.insert(task.id.clone(), s.clone());
     Ok(s)
 }

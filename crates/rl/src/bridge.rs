@@ -9,10 +9,11 @@
 //! lower-level loss (B6) → policy update with the chosen estimator (B7–B9).
 use crate::agent::Trajectory;
 use crate::grpo::policy_rows;
+use crate::method::{rollout_metrics, Method, MethodSpec, MethodState, StepCtx, StepOutput, TrainEnv};
+use crate::query_adapter::QueryAdapter;
+use crate::sections::RolloutSection;
 use crate::task::Task;
-use crate::trainer::{rollout_metrics, StepCtx, StepOutput};
-use crate::update::{CeRow, RagTurn};
-use knowrl_engine::optim::{AdamW, AdamWConfig};
+use crate::update::{LossTerm, PgRow, RagTurn, Sequence};
 use knowrl_engine::score::{score, ScoreRequest};
 use knowrl_engine::Mode;
 use knowrl_retrieval::dense::DenseRetriever;
@@ -105,23 +106,43 @@ impl Default for BridgeConfig {
     }
 }
 
-impl BridgeConfig {
-    pub fn validate(&self, m: usize) -> Result<(), String> {
-        if self.k < m {
-            return Err(format!("field `bridge.k`: {} candidates < rollout.topk = {m} shown", self.k));
+impl MethodSpec for BridgeConfig {
+    fn build(&self) -> Box<dyn Method> {
+        Box::new(Bridge { cfg: self.clone(), adapter: QueryAdapter::default() })
+    }
+
+    fn validate(&self, rollout: &RolloutSection) -> Result<(), String> {
+        let m = rollout.topk;
+        if self.k <= m {
+            return Err(format!(
+                "field `method.k`: {} candidates must exceed rollout.topk = {m} shown (the paper's k > m)",
+                self.k
+            ));
         }
         if self.tau_r <= 0.0 || self.tau_p <= 0.0 {
-            return Err("field `bridge.tau_r`/`tau_p`: temperatures must be positive".into());
+            return Err("field `method.tau_r`/`tau_p`: temperatures must be positive".into());
         }
         if !self.answer_template.contains("{}") {
-            return Err("field `bridge.answer_template`: needs a {} for the answer".into());
+            return Err("field `method.answer_template`: needs a {} for the answer".into());
         }
         if self.fidelity_every > 0 && self.estimator != Estimator::TwoState {
-            return Err("field `bridge.fidelity_every`: needs estimator = \"two_state\" (the reference)".into());
+            return Err("field `method.fidelity_every`: needs estimator = \"two_state\" (the reference)".into());
         }
         Ok(())
     }
 
+    /// LoRA on the query encoder's attention query and value projections.
+    fn query_lora(&self) -> Option<knowrl_engine::LoraConfig> {
+        Some(knowrl_engine::LoraConfig {
+            rank: self.lora_rank,
+            alpha: self.lora_alpha,
+            dropout: 0.0,
+            target_modules: vec!["query".into(), "value".into()],
+        })
+    }
+}
+
+impl BridgeConfig {
     /// (w_rl, w_rag) of the retriever loss under the pipeline (B6).
     pub fn retriever_weights(&self) -> (f64, f64) {
         match self.pipeline {
@@ -160,7 +181,7 @@ pub struct LoggedTurn {
     /// The GRPO advantage of the trajectory the turn belongs to.
     pub advantage: f64,
     /// Teacher-forcing rows (h_t + ⟨information⟩d, y) per candidate, for the policy-side RAG term.
-    pub docs: Vec<CeRow>,
+    pub docs: Vec<Sequence>,
 }
 
 /// B4: credit weights c̄_{t,d} ∝ ρ_old(d|h) p(y|h,d)^{1/τ_p}, normalised over N_k (sum to 1).
@@ -222,55 +243,10 @@ fn ret_err(e: knowrl_retrieval::RetrievalError) -> knowrl_engine::EngineError {
     knowrl_engine::EngineError::Invalid(e.to_string())
 }
 
-/// The retriever's optimiser state, and the RAG-only second state of the two-state estimator.
-pub struct BridgeState {
-    opt: Option<AdamW>,
-    /// η* values and their optimiser (two-state only).
-    rag_state: Option<(Vec<Tensor>, AdamW)>,
-}
-
-impl BridgeState {
-    pub fn new() -> BridgeState {
-        BridgeState { opt: None, rag_state: None }
-    }
-}
-
-impl Default for BridgeState {
-    fn default() -> Self {
-        BridgeState::new()
-    }
-}
-
-fn adapter(dense: &DenseRetriever) -> Vec<(String, Tensor)> {
-    dense.encoder.lock().unwrap().adapter_parameters()
-}
-
-fn shallow(params: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
-    params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect()
-}
-
-fn values(params: &[(String, Tensor)]) -> Vec<Tensor> {
-    params.iter().map(|(_, t)| t.detach().copy()).collect()
-}
-
-fn set_values(params: &[(String, Tensor)], v: &[Tensor]) {
-    tch::no_grad(|| {
-        for ((_, p), x) in params.iter().zip(v) {
-            p.shallow_clone().copy_(x);
-        }
-    });
-}
-
-/// One Adam step of the adapter on `loss` (zeroing its gradients first).
-fn adapter_step(opt: &mut AdamW, loss: &Tensor, lr: f64) {
-    opt.zero_grad();
-    loss.backward();
-    opt.clip_grad_norm(1.0);
-    opt.step(lr);
-}
-
 /// Logs every retrieval turn of `trajs` (B1, B2) with the retriever as it was during rollout.
+#[allow(clippy::too_many_arguments)]
 fn log_turns(
+    cfg: &BridgeConfig,
     ctx: &StepCtx,
     dense: &DenseRetriever,
     prompts: &[Vec<u32>],
@@ -279,7 +255,6 @@ fn log_turns(
     group: &[usize],
     adv: &[f64],
 ) -> knowrl_engine::Result<Vec<LoggedTurn>> {
-    let cfg = &ctx.cfg.bridge;
     let mut turns = vec![];
     let mut histories = vec![];
     for (j, t) in trajs.iter().enumerate() {
@@ -300,7 +275,7 @@ fn log_turns(
     for (ti, ((h, g, a), q)) in histories.into_iter().zip(&turns).enumerate() {
         let y = cfg.answer_template.replace("{}", &tasks[g].golden[0]);
         let answer = ctx.tok.encode(&y, false)?;
-        let docs: Vec<CeRow> = rows[ti]
+        let docs: Vec<Sequence> = rows[ti]
             .iter()
             .map(|&r| {
                 let p = dense.corpus.get(r);
@@ -308,7 +283,7 @@ fn log_turns(
                     information_block(&[Hit { id: p.id, contents: p.contents, score: 0.0 }], PassageStyle::SearchR1);
                 let mut prompt = h.clone();
                 prompt.extend(ctx.tok.encode(&block, false)?);
-                Ok(CeRow { prompt, response: answer.clone(), loss_mask: vec![true; answer.len()] })
+                Ok(Sequence { prompt, response: answer.clone(), loss_mask: vec![true; answer.len()] })
             })
             .collect::<knowrl_engine::Result<_>>()?;
         let k = rows[ti].len();
@@ -322,11 +297,10 @@ fn log_turns(
         });
     }
     // B2: log p_θ(y | h, d) for every candidate, teacher-forced, no gradient.
-    let all: Vec<&CeRow> = out.iter().flat_map(|t| t.docs.iter()).collect();
+    let all: Vec<&Sequence> = out.iter().flat_map(|t| t.docs.iter()).collect();
     let mut lp = vec![];
-    for mb in all.chunks(ctx.cfg.optim.micro_batch.max(1) * 4) {
-        let reqs: Vec<ScoreRequest> =
-            mb.iter().map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: None }).collect();
+    for mb in all.chunks(ctx.micro_batch.max(1) * 4) {
+        let reqs: Vec<ScoreRequest> = mb.iter().map(|r| r.request(false)).collect();
         let s = tch::no_grad(|| score(&ctx.policy.lm, &reqs, 1.0, Mode::EVAL));
         let v: Vec<f32> = Vec::try_from((s.logprobs * s.mask).sum_dim_intlist(1, false, Kind::Float)).unwrap();
         lp.extend(v.into_iter().map(|x| x as f64));
@@ -365,21 +339,49 @@ fn vm(key: &str) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
-/// Algorithm: one BRIDGE step.
-pub fn step(ctx: &StepCtx, tasks: &[&Task], state: &mut BridgeState) -> knowrl_engine::Result<StepOutput> {
-    let cfg = &ctx.cfg.bridge;
-    let dense = ctx.dense.ok_or_else(|| {
+pub struct Bridge {
+    pub cfg: BridgeConfig,
+    adapter: QueryAdapter,
+}
+
+fn needs_dense(dense: Option<&DenseRetriever>) -> knowrl_engine::Result<&DenseRetriever> {
+    dense.ok_or_else(|| {
         knowrl_engine::EngineError::Invalid("bridge: needs the dense retriever with a query LoRA".into())
-    })?;
-    let (update_retriever, update_policy) = cfg.schedule(ctx.step, ctx.cfg.run.steps);
-    let (prompts, group) = ctx.replicate(tasks, ctx.cfg.rollout.group_size, |t| &t.agent)?;
+    })
+}
+
+impl Method for Bridge {
+    fn step(&mut self, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
+        step(&self.cfg, ctx, tasks, &mut self.adapter)
+    }
+
+    fn state(&self, env: &TrainEnv) -> knowrl_engine::Result<MethodState> {
+        Ok(self.adapter.state(needs_dense(env.dense)?))
+    }
+
+    fn restore(&mut self, env: &TrainEnv, state: MethodState) -> knowrl_engine::Result<()> {
+        self.adapter = QueryAdapter::restore(needs_dense(env.dense)?, state)?;
+        Ok(())
+    }
+}
+
+/// Algorithm: one BRIDGE step.
+fn step(
+    cfg: &BridgeConfig,
+    ctx: &StepCtx,
+    tasks: &[&Task],
+    adapter: &mut QueryAdapter,
+) -> knowrl_engine::Result<StepOutput> {
+    let dense = needs_dense(ctx.dense)?;
+    let (update_retriever, update_policy) = cfg.schedule(ctx.step, ctx.steps);
+    let (prompts, group) = ctx.replicate(tasks, ctx.rollout.group_size, |t| &t.agent)?;
     let trajs = ctx.rollout(&prompts, true, 0)?;
     let rewards = ctx.rewards(&trajs, tasks, &group);
-    let adv = crate::advantage::group_advantages(&rewards, &group, ctx.cfg.algorithm.normalisation);
+    let adv = crate::advantage::group_advantages(&rewards, &group, ctx.algorithm.normalisation);
     let mut metrics = rollout_metrics(&trajs, &rewards, tasks, &group);
     let needs_log = update_retriever || (update_policy && cfg.estimator != Estimator::Bridge);
     let turns = if needs_log && cfg.pipeline != Pipeline::Fixed {
-        log_turns(ctx, dense, &prompts, &trajs, tasks, &group, &adv)?
+        log_turns(cfg, ctx, dense, &prompts, &trajs, tasks, &group, &adv)?
     } else {
         vec![]
     };
@@ -387,44 +389,24 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], state: &mut BridgeState) -> knowrl_e
     let zero_adv = turns.iter().filter(|t| t.advantage == 0.0).count() as f64;
     metrics.extra.insert("zero_advantage_turns".into(), zero_adv);
 
-    let mut out = StepOutput::default();
     // Lower level first (the retriever adapts before the policy learns on it).
     if update_retriever && !turns.is_empty() {
-        let params = adapter(dense);
         let base = reset_peak();
         let t0 = Instant::now();
-        let weights = cfg.retriever_weights();
-        let opt = state.opt.get_or_insert_with(|| {
-            AdamW::new(shallow(&params), AdamWConfig { weight_decay: 0.0, ..Default::default() })
-        });
         // Two-state: also one step of the RAG-only retriever η* (its own values and moments).
         if cfg.estimator == Estimator::TwoState {
-            let current = values(&params);
-            let (rag_values, rag_opt) = state.rag_state.get_or_insert_with(|| {
-                (values(&params), AdamW::new(shallow(&params), AdamWConfig { weight_decay: 0.0, ..Default::default() }))
-            });
-            set_values(&params, rag_values);
-            let (loss, _, _) = retriever_loss(dense, &turns, cfg, (0.0, 1.0))?;
-            adapter_step(rag_opt, &loss, cfg.retriever_lr);
-            *rag_values = values(&params);
-            set_values(&params, &current);
+            adapter.step_second(dense, cfg.retriever_lr, || Ok(retriever_loss(dense, &turns, cfg, (0.0, 1.0))?.0))?;
         }
-        let (loss, j, rag) = retriever_loss(dense, &turns, cfg, weights)?;
-        adapter_step(opt, &loss, cfg.retriever_lr);
+        let (loss, j, rag) = retriever_loss(dense, &turns, cfg, cfg.retriever_weights())?;
+        adapter.step(dense, cfg.retriever_lr, || Ok(loss.shallow_clone()))?;
         metrics.extra.insert("retriever_update_s".into(), t0.elapsed().as_secs_f64());
         if let (Some(b), Some(peak)) = (base, vm("VmHWM")) {
             metrics.extra.insert("retriever_update_peak_bytes".into(), peak.saturating_sub(b) as f64);
         }
-        // Bytes the retriever update keeps alive besides the frozen encoder: adapter values and
-        // gradients, Adam moments, the second state (two-state) and the retrieval logs.
-        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as f64;
-        let mut held: f64 = params.iter().map(|(_, p)| 2.0 * bytes(p)).sum();
-        held += opt.state_tensors().iter().map(|(_, t)| bytes(t)).sum::<f64>();
+        // Besides the adapter state: the retrieval logs, and η*'s own ρ over the same candidates.
         let per_turn = |t: &LoggedTurn| (t.rows.len() * (std::mem::size_of::<usize>() + 16)) as f64;
-        held += turns.iter().map(per_turn).sum::<f64>();
-        if let Some((v, o)) = &state.rag_state {
-            held += v.iter().map(&bytes).sum::<f64>() + o.state_tensors().iter().map(|(_, t)| bytes(t)).sum::<f64>();
-            // η*'s own ρ over the same candidates.
+        let mut held = adapter.held_bytes(dense) + turns.iter().map(per_turn).sum::<f64>();
+        if cfg.estimator == Estimator::TwoState {
             held += turns.iter().map(|t| (t.rows.len() * 8) as f64).sum::<f64>();
         }
         metrics.extra.insert("retriever_state_bytes".into(), held);
@@ -432,39 +414,33 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task], state: &mut BridgeState) -> knowrl_e
         metrics.extra.insert("retriever_l_rag".into(), rag);
     }
     if !update_policy {
-        return Ok(StepOutput { metrics, ..out });
+        return Ok(StepOutput { terms: vec![], metrics });
     }
     let (pg, kept) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
     metrics.kept_groups = kept;
     // Upper level: B7 (BRIDGE) / B8 (Drop) / B9 (two-state).
+    let mut rag = vec![];
     if !turns.is_empty() && cfg.estimator != Estimator::Bridge {
-        out.rag.push((cfg.gamma, rag_turns(&turns, rho(dense, &turns, cfg.tau_r)?)));
+        rag.push(LossTerm::Rag { turns: rag_turns(&turns, rho(dense, &turns, cfg.tau_r)?), coef: cfg.gamma });
         if cfg.estimator == Estimator::TwoState {
-            if let Some((rag_values, _)) = &state.rag_state {
-                let params = adapter(dense);
-                let current = values(&params);
-                set_values(&params, rag_values);
-                let r = rho(dense, &turns, cfg.tau_r);
-                set_values(&params, &current);
-                out.rag.push((-cfg.gamma, rag_turns(&turns, r?)));
+            if let Some(r) = adapter.with_second(dense, || rho(dense, &turns, cfg.tau_r)) {
+                rag.push(LossTerm::Rag { turns: rag_turns(&turns, r?), coef: -cfg.gamma });
             }
         }
     }
-    if cfg.fidelity_every > 0 && ctx.step.is_multiple_of(cfg.fidelity_every) && out.rag.len() == 2 {
-        for (k, v) in fidelity(ctx, &pg, &out.rag)?.into_iter().filter(|(_, v)| v.is_finite()) {
+    if cfg.fidelity_every > 0 && ctx.step.is_multiple_of(cfg.fidelity_every) && rag.len() == 2 {
+        for (k, v) in fidelity(ctx, &pg, &rag)?.into_iter().filter(|(_, v)| v.is_finite()) {
             metrics.extra.insert(k, v);
         }
     }
-    Ok(StepOutput { pg, metrics, ..out })
+    let mut terms = vec![LossTerm::Pg { rows: pg, normaliser: None }];
+    terms.extend(rag);
+    Ok(StepOutput { terms, metrics })
 }
 
 /// §4.2 estimator fidelity on this batch: cosine and relative error of the BRIDGE (B7) and Drop
 /// (B8) policy gradients against the two-state one (B9).
-fn fidelity(
-    ctx: &StepCtx,
-    pg: &[crate::update::PgRow],
-    rag: &[(f64, Vec<RagTurn>)],
-) -> knowrl_engine::Result<Vec<(String, f64)>> {
+fn fidelity(ctx: &StepCtx, pg: &[PgRow], rag: &[LossTerm]) -> knowrl_engine::Result<Vec<(String, f64)>> {
     let params = ctx.policy.trainable_parameters();
     let grab = |f: &dyn Fn()| -> Tensor {
         for (_, p) in &params {
@@ -484,24 +460,16 @@ fn fidelity(
             .collect();
         Tensor::cat(&g, 0)
     };
-    let c = ctx.cfg;
-    let norm = crate::update::Normaliser::of(pg);
+    let pg_term = [LossTerm::Pg { rows: pg.to_vec(), normaliser: None }];
+    let (alg, temp, mb) = (ctx.algorithm, ctx.rollout.temperature, ctx.micro_batch);
     let g_rl = grab(&|| {
-        crate::update::pg_backward(
-            ctx.policy,
-            ctx.reference,
-            pg,
-            norm,
-            &c.algorithm,
-            c.rollout.temperature,
-            c.optim.micro_batch,
-        );
+        crate::update::backward(ctx.policy, ctx.reference, &pg_term, alg, temp, mb);
     });
     let g_gamma = grab(&|| {
-        crate::update::rag_backward(ctx.policy, &rag[0].1, rag[0].0, c.optim.micro_batch);
+        crate::update::backward(ctx.policy, ctx.reference, &rag[..1], alg, temp, mb);
     });
     let g_star = grab(&|| {
-        crate::update::rag_backward(ctx.policy, &rag[1].1, rag[1].0, c.optim.micro_batch);
+        crate::update::backward(ctx.policy, ctx.reference, &rag[1..2], alg, temp, mb);
     });
     for (_, p) in &params {
         p.shallow_clone().zero_grad();

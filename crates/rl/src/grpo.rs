@@ -4,11 +4,26 @@
 //! clip, aggregation) is `update::pg_backward`.
 use crate::advantage::{group_advantages, informative_groups};
 use crate::agent::Trajectory;
-use crate::config::Algorithm;
+use crate::method::{rollout_metrics, Method, MethodSpec, StepCtx, StepMetrics, StepOutput};
 use crate::reward::otc_tool_factor;
+use crate::sections::Algorithm;
 use crate::task::Task;
-use crate::trainer::{rollout_metrics, StepCtx, StepMetrics, StepOutput};
-use crate::update::PgRow;
+use crate::update::{LossTerm, PgRow, Sequence};
+use serde::{Deserialize, Serialize};
+
+/// `[method] name = "grpo"`: no fields of its own (the algorithm is `[algorithm] name`, the OTC
+/// shaping `[reward] tool_productivity`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoConfig {}
+
+impl MethodSpec for GrpoConfig {
+    fn build(&self) -> Box<dyn Method> {
+        Box::new(Grpo)
+    }
+}
+
+pub struct Grpo;
 
 /// Policy-gradient rows for trajectories grouped by question (shared with AKBE, whose base
 /// loss is this one). Returns the rows and the number of groups kept.
@@ -19,7 +34,7 @@ pub fn policy_rows(
     rewards: &[f64],
     group: &[usize],
 ) -> (Vec<PgRow>, usize) {
-    let alg = &ctx.cfg.algorithm;
+    let alg = ctx.algorithm;
     let adv = group_advantages(rewards, group, alg.normalisation);
     let kept = match alg.name {
         Algorithm::Dapo => informative_groups(rewards, group),
@@ -27,7 +42,7 @@ pub fn policy_rows(
     };
     let rows = (0..trajs.len())
         .filter(|&j| kept.contains(&group[j]))
-        .map(|j| PgRow::new(prompts[j].clone(), trajs[j].response.clone(), trajs[j].loss_mask.clone(), adv[j], 1.0))
+        .map(|j| PgRow::new(Sequence::of(&prompts[j], &trajs[j]), adv[j], 1.0))
         .collect();
     (rows, kept.len())
 }
@@ -50,14 +65,16 @@ pub fn otc_shaped(rewards: &[f64], trajs: &[Trajectory], group: &[usize], c: f64
         .collect()
 }
 
-pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
-    let (prompts, group) = ctx.replicate(tasks, ctx.cfg.rollout.group_size, |t| &t.agent)?;
-    let trajs = ctx.rollout(&prompts, true, 0)?;
-    let mut rewards = ctx.rewards(&trajs, tasks, &group);
-    if ctx.cfg.reward.tool_productivity {
-        rewards = otc_shaped(&rewards, &trajs, &group, ctx.cfg.reward.otc_c);
+impl Method for Grpo {
+    fn step(&mut self, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
+        let (prompts, group) = ctx.replicate(tasks, ctx.rollout.group_size, |t| &t.agent)?;
+        let trajs = ctx.rollout(&prompts, true, 0)?;
+        let mut rewards = ctx.rewards(&trajs, tasks, &group);
+        if ctx.reward.tool_productivity {
+            rewards = otc_shaped(&rewards, &trajs, &group, ctx.reward.otc_c);
+        }
+        let (rows, kept_groups) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
+        let metrics = StepMetrics { kept_groups, ..rollout_metrics(&trajs, &rewards, tasks, &group) };
+        Ok(StepOutput { terms: vec![LossTerm::Pg { rows, normaliser: None }], metrics })
     }
-    let (pg, kept_groups) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
-    let metrics = StepMetrics { kept_groups, ..rollout_metrics(&trajs, &rewards, tasks, &group) };
-    Ok(StepOutput { pg, metrics, ..Default::default() })
 }

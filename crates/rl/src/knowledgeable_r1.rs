@@ -8,9 +8,10 @@
 //! J = λ_pk J_PK + λ_ck J_CK + λ_rpk J_RPK with PPO clipping (§3.5).
 //! Defaults follow the released code where it differs from the paper (docs/methods/knowledgeable-r1.md).
 use crate::advantage::{group_stats, EPS};
+use crate::method::{rollout_metrics, Method, MethodSpec, StepCtx, StepOutput};
+use crate::sections::RolloutSection;
 use crate::task::Task;
-use crate::trainer::{rollout_metrics, StepCtx, StepOutput};
-use crate::update::{mask_len, Normaliser, PgRow};
+use crate::update::{mask_len, LossTerm, Normaliser, PgRow, Sequence};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -76,17 +77,21 @@ impl Default for KnowledgeableR1Config {
     }
 }
 
-impl KnowledgeableR1Config {
-    pub fn validate(&self) -> Result<(), String> {
+impl MethodSpec for KnowledgeableR1Config {
+    fn build(&self) -> Box<dyn Method> {
+        Box::new(KnowledgeableR1 { cfg: self.clone() })
+    }
+
+    fn validate(&self, _rollout: &RolloutSection) -> Result<(), String> {
         // n_pk = 0 with ck_global = false is GRPO with RAG (the paper's baseline).
         if self.n_ck == 0 {
-            return Err("field `knowledgeable_r1.n_ck`: the context path needs at least one response".into());
+            return Err("field `method.n_ck`: the context path needs at least one response".into());
         }
         if !(self.ck_local || self.ck_global) {
-            return Err("field `knowledgeable_r1.ck_local`/`ck_global`: CK needs at least one of them".into());
+            return Err("field `method.ck_local`/`ck_global`: CK needs at least one of them".into());
         }
         if self.beta == Beta::Fixed && !(0.0..=1.0).contains(&self.fixed_beta) {
-            return Err(format!("field `knowledgeable_r1.fixed_beta`: {} is outside [0, 1]", self.fixed_beta));
+            return Err(format!("field `method.fixed_beta`: {} is outside [0, 1]", self.fixed_beta));
         }
         Ok(())
     }
@@ -193,10 +198,19 @@ pub fn advantages(cfg: &KnowledgeableR1Config, batch: &[QuestionRewards]) -> Adv
     Advantages { ck, rpk_raw, rpk, pk, beta, sums }
 }
 
+pub struct KnowledgeableR1 {
+    pub cfg: KnowledgeableR1Config,
+}
+
+impl Method for KnowledgeableR1 {
+    fn step(&mut self, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
+        step(&self.cfg, ctx, tasks)
+    }
+}
+
 /// One step of Algorithm 1 on single-turn answers (no search): joint sampling, rewards,
 /// advantages, and the three objectives as policy-gradient rows.
-pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
-    let k = &ctx.cfg.knowledgeable_r1;
+fn step(k: &KnowledgeableR1Config, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput> {
     for t in tasks {
         if t.with_context.is_none() {
             return Err(knowrl_engine::EngineError::Invalid(format!(
@@ -265,11 +279,11 @@ pub fn step(ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput>
     metrics.extra.insert("reward_ck".into(), mean(&r_ck));
     metrics.extra.insert("reward_pk".into(), mean(&r_pk));
     metrics.kept_groups = tasks.len();
-    Ok(StepOutput { pg, norm: Some(norm), metrics, ..Default::default() })
+    Ok(StepOutput { terms: vec![LossTerm::Pg { rows: pg, normaliser: Some(norm) }], metrics })
 }
 
 fn row(prompt: &[u32], t: &crate::agent::Trajectory, advantage: f64, weight: f64) -> PgRow {
-    PgRow::new(prompt.to_vec(), t.response.clone(), t.loss_mask.clone(), advantage, weight)
+    PgRow::new(Sequence::of(prompt, t), advantage, weight)
 }
 
 fn mean(v: &[f64]) -> f64 {

@@ -1,7 +1,9 @@
 //! RL for retrieval-augmented agents. Data flows one way: rollout (`agent`) → reward
-//! (`reward`) → advantage (`advantage`, a method's own in its file) → loss rows (`update`)
-//! → optimiser step (`trainer`). One file per method: `grpo` (GRPO / DAPO / GSPO on the agent
-//! loop), `knowledgeable_r1`, `akbe`, `bridge`.
+//! (`reward`) → advantage (`advantage`, a method's own in its file) → loss terms (`update`,
+//! equations in `loss`) → optimiser step (`trainer`). One file per method, each implementing
+//! the step contract of `method`: `grpo` (GRPO / DAPO / GSPO on the agent loop),
+//! `knowledgeable_r1`, `akbe`, `bridge` (its retriever state in `query_adapter`); `config`
+//! lists them.
 pub mod advantage;
 pub mod agent;
 pub mod akbe;
@@ -10,8 +12,11 @@ pub mod config;
 pub mod grpo;
 pub mod knowledgeable_r1;
 pub mod loss;
+pub mod method;
 pub mod prompts;
+pub mod query_adapter;
 pub mod reward;
+pub mod sections;
 pub mod task;
 pub mod trainer;
 pub mod update;

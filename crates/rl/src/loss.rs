@@ -12,14 +12,33 @@ pub enum Aggregation {
     SeqMeanTokenMean,
 }
 
-/// Aggregates a [B, T] per-token loss under `mask`.
-pub fn aggregate(per_token: &Tensor, mask: &Tensor, agg: Aggregation) -> Tensor {
+/// What a batch's summed loss is divided by: its loss tokens (token-mean) or its sequences
+/// (sequence-mean). A micro- or mini-batch divides by its share of the whole batch's, so the
+/// gradients of its parts add up to the batch's; Knowledgeable-R1's released code counts only
+/// the generated responses, so a method may set its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normaliser {
+    pub tokens: f64,
+    pub sequences: f64,
+}
+
+impl Normaliser {
+    /// The counts of a [B, T] mask itself (the batch is the whole batch).
+    pub fn of_mask(mask: &Tensor) -> Normaliser {
+        Normaliser { tokens: mask.sum(Kind::Float).double_value(&[]), sequences: mask.size()[0] as f64 }
+    }
+}
+
+/// Aggregates a [B, T] per-token loss under `mask`: summed over tokens and divided by
+/// `norm.tokens` (token-mean), or token-mean within each response, summed over responses and
+/// divided by `norm.sequences`.
+pub fn aggregate(per_token: &Tensor, mask: &Tensor, agg: Aggregation, norm: Normaliser) -> Tensor {
     match agg {
-        Aggregation::TokenMean => (per_token * mask).sum(Kind::Float) / mask.sum(Kind::Float).clamp_min(1.0),
+        Aggregation::TokenMean => (per_token * mask).sum(Kind::Float) / norm.tokens.max(1.0),
         Aggregation::SeqMeanTokenMean => {
             let per_seq = (per_token * mask).sum_dim_intlist(1, false, Kind::Float)
                 / mask.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0);
-            per_seq.mean(Kind::Float)
+            per_seq.sum(Kind::Float) / norm.sequences.max(1.0)
         }
     }
 }
@@ -116,8 +135,19 @@ mod tests {
         let per = t(&[1.0, 2.0, 3.0, 4.0, 0.0, 0.0], &[2, 3]);
         let mask = t(&[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], &[2, 3]);
         // token-mean: (1+2+3+4)/4 = 2.5; seq-mean-token-mean: (2 + 4)/2 = 3.
-        assert!((aggregate(&per, &mask, Aggregation::TokenMean).double_value(&[]) - 2.5).abs() < 1e-6);
-        assert!((aggregate(&per, &mask, Aggregation::SeqMeanTokenMean).double_value(&[]) - 3.0).abs() < 1e-6);
+        assert!(
+            (aggregate(&per, &mask, Aggregation::TokenMean, Normaliser::of_mask(&mask)).double_value(&[]) - 2.5).abs()
+                < 1e-6
+        );
+        assert!(
+            (aggregate(&per, &mask, Aggregation::SeqMeanTokenMean, Normaliser::of_mask(&mask)).double_value(&[]) - 3.0)
+                .abs()
+                < 1e-6
+        );
+        // As a part of a batch of 8 tokens in 4 responses: 10/8 = 1.25 and (2 + 4)/4 = 1.5.
+        let batch = Normaliser { tokens: 8.0, sequences: 4.0 };
+        assert!((aggregate(&per, &mask, Aggregation::TokenMean, batch).double_value(&[]) - 1.25).abs() < 1e-6);
+        assert!((aggregate(&per, &mask, Aggregation::SeqMeanTokenMean, batch).double_value(&[]) - 1.5).abs() < 1e-6);
     }
 
     #[test]

@@ -1,174 +1,22 @@
 //! The RL loop every method shares: pick questions → the method's step (rollout → reward →
-//! advantage → rows, see `grpo`, `knowledgeable_r1`, `akbe`) → PPO mini-batches × epochs
-//! (`update_policy`: each a backward through `update`, a clip and an AdamW step) → metrics
-//! (JSONL), atomic checkpoints, exact resumption.
+//! advantage → loss terms; the `method::Method` the config builds) → PPO mini-batches × epochs
+//! (`update_policy`: each one `update::backward` over its share of every term, a clip and an
+//! AdamW step) → metrics (JSONL), atomic checkpoints (with the method's own state), exact
+//! resumption. Nothing here knows which method runs.
 //!
 //! Determinism: questions are drawn from the trainer's generator (checkpointed), and rollout row
 //! j of step s samples from `Rng::new(seed ⊕ s ⊕ j)`, so a resumed run repeats exactly what the
 //! uninterrupted one would have done (tested bit-identical on CPU).
-use crate::agent::{rollout, AgentConfig, Trajectory};
-use crate::config::{Method, TrainConfig};
-use crate::reward::reward;
-use crate::task::{Prompt, Task};
-use crate::update::{
-    ce_backward, dpo_backward, mask_len, pg_backward, rag_backward, score_old, CeRow, DpoPair, Normaliser, PgRow,
-    PgStats, RagTurn,
-};
+use crate::config::TrainConfig;
+use crate::method::{row_seed, MethodState, StepCtx, StepMetrics, StepOutput, TrainEnv};
+use crate::task::Task;
+use crate::update::{backward, mask_len, score_old, LossTerm, Normaliser, PgRow, PgStats};
 use knowrl_engine::checkpoint;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
-use knowrl_engine::{Policy, Rng, Tokenizer};
-use knowrl_retrieval::dense::DenseRetriever;
-use knowrl_retrieval::{Hit, Retriever};
-use serde::{Deserialize, Serialize};
+use knowrl_engine::{Policy, Rng};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct StepMetrics {
-    pub step: u64,
-    pub reward: f64,
-    pub em: f64,
-    pub tool_calls: f64,
-    pub response_len: f64,
-    pub kl: f64,
-    pub entropy: f64,
-    pub clip_frac: f64,
-    pub loss: f64,
-    pub grad_norm: f64,
-    pub kept_groups: usize,
-    pub rollout_s: f64,
-    pub update_s: f64,
-    pub step_s: f64,
-    /// Method-specific figures (Knowledgeable-R1's β, AKBE's category counts, …).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub extra: BTreeMap<String, f64>,
-}
-
-/// What a step needs: the policy (and a frozen copy of its starting weights when a method or
-/// the KL term needs a reference), the retriever, the config and the step number.
-pub struct StepCtx<'a> {
-    pub policy: &'a Policy,
-    pub reference: Option<&'a Policy>,
-    pub tok: &'a Tokenizer,
-    pub retriever: &'a dyn Retriever,
-    /// The same retriever as a dense one with a query adapter (BRIDGE trains it).
-    pub dense: Option<&'a DenseRetriever>,
-    pub cfg: &'a TrainConfig,
-    pub step: u64,
-}
-
-/// What a run trains with: the policy, a frozen copy of its starting weights when needed (KL or
-/// DPO without LoRA, AKBE's offline signals), and the search tool.
-pub struct TrainEnv<'a> {
-    pub policy: &'a Policy,
-    pub reference: Option<&'a Policy>,
-    pub retriever: &'a dyn Retriever,
-    pub dense: Option<&'a DenseRetriever>,
-}
-
-/// A step's rollouts turned into loss rows, plus its rollout metrics.
-#[derive(Default)]
-pub struct StepOutput {
-    pub pg: Vec<PgRow>,
-    pub norm: Option<Normaliser>,
-    pub ce: Vec<CeRow>,
-    pub ce_coef: f64,
-    pub dpo: Vec<DpoPair>,
-    pub dpo_beta: f64,
-    /// Policy-side RAG-likelihood terms (coef, turns): BRIDGE's Drop / two-state estimators.
-    pub rag: Vec<(f64, Vec<RagTurn>)>,
-    pub metrics: StepMetrics,
-}
-
-/// A retriever for rollouts without the tool (no-tool paths never search).
-pub struct NoTool;
-
-impl Retriever for NoTool {
-    fn search(&self, queries: &[String], _k: usize) -> Result<Vec<Vec<Hit>>, knowrl_retrieval::RetrievalError> {
-        Ok(vec![vec![]; queries.len()])
-    }
-    fn len(&self) -> usize {
-        0
-    }
-}
-
-pub fn row_seed(seed: u64, step: u64, row: usize) -> u64 {
-    seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (row as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
-}
-
-impl StepCtx<'_> {
-    /// `per` copies of each task's `which` prompt (token ids) and the task index of each row.
-    pub fn replicate(
-        &self,
-        tasks: &[&Task],
-        per: usize,
-        which: impl Fn(&Task) -> &Prompt,
-    ) -> knowrl_engine::Result<(Vec<Vec<u32>>, Vec<usize>)> {
-        let (mut prompts, mut group) = (vec![], vec![]);
-        for (k, t) in tasks.iter().enumerate() {
-            let ids = which(t).ids(self.tok)?;
-            for _ in 0..per {
-                prompts.push(ids.clone());
-                group.push(k);
-            }
-        }
-        Ok((prompts, group))
-    }
-
-    /// Samples one trajectory per prompt with `policy`; `tools = false` is a single turn with no
-    /// retrieval. Row j (counted from `first_row`) uses the step's j-th generator.
-    pub fn rollout_with(
-        &self,
-        policy: &Policy,
-        prompts: &[Vec<u32>],
-        tools: bool,
-        first_row: usize,
-    ) -> knowrl_engine::Result<Vec<Trajectory>> {
-        let r = &self.cfg.rollout;
-        let turns = if tools { r.max_turns } else { 1 };
-        let agent = AgentConfig { max_turns: turns, ..r.agent(r.temperature) };
-        let mut rngs: Vec<Rng> =
-            (0..prompts.len()).map(|j| Rng::new(row_seed(self.cfg.run.seed, self.step, first_row + j))).collect();
-        let retriever: &dyn Retriever = if tools { self.retriever } else { &NoTool };
-        rollout(&policy.lm, self.tok, prompts, retriever, &agent, &mut rngs)
-    }
-
-    pub fn rollout(
-        &self,
-        prompts: &[Vec<u32>],
-        tools: bool,
-        first_row: usize,
-    ) -> knowrl_engine::Result<Vec<Trajectory>> {
-        self.rollout_with(self.policy, prompts, tools, first_row)
-    }
-
-    /// The configured reward of each trajectory against its task's gold answers.
-    pub fn rewards(&self, trajs: &[Trajectory], tasks: &[&Task], group: &[usize]) -> Vec<f64> {
-        trajs
-            .iter()
-            .zip(group)
-            .map(|(t, &k)| reward(self.cfg.reward.name, t.answer.as_deref(), &tasks[k].golden))
-            .collect()
-    }
-}
-
-/// Rollout figures of a set of trajectories (reward, EM, tool calls, response length).
-pub fn rollout_metrics(trajs: &[Trajectory], rewards: &[f64], tasks: &[&Task], group: &[usize]) -> StepMetrics {
-    let n = trajs.len().max(1) as f64;
-    let em = trajs
-        .iter()
-        .zip(group)
-        .filter(|(t, &k)| crate::reward::exact_match(t.answer.as_deref().unwrap_or(""), &tasks[k].golden))
-        .count() as f64;
-    StepMetrics {
-        reward: rewards.iter().sum::<f64>() / n,
-        em: em / n,
-        tool_calls: trajs.iter().map(|t| t.tool_calls() as f64).sum::<f64>() / n,
-        response_len: trajs.iter().map(|t| crate::update::mask_len(&t.loss_mask)).sum::<f64>() / n,
-        ..Default::default()
-    }
-}
 
 /// Trains `env.policy` in place for `cfg.run.steps` steps (continuing from the latest
 /// checkpoint when `resume`). Returns the metrics of the steps run by this call.
@@ -179,8 +27,9 @@ pub fn train(
     resume: bool,
     on_step: &dyn Fn(&StepMetrics),
 ) -> knowrl_engine::Result<Vec<StepMetrics>> {
-    let TrainEnv { policy, reference, retriever, dense } = *env;
+    let (policy, reference) = (env.policy, env.reference);
     let tok = policy.tokenizer()?;
+    let mut method = cfg.method.spec().build();
     let out = &cfg.run.out_dir;
     std::fs::create_dir_all(out).map_err(|e| knowrl_engine::EngineError::io(out, e))?;
     let ckpt_root = out.join("checkpoints");
@@ -197,6 +46,10 @@ pub fn train(
             let (step, state) = checkpoint::load(&dir, &params, &mut opt)?;
             rng = serde_json::from_value(state["rng"].clone())
                 .map_err(|e| knowrl_engine::EngineError::Invalid(format!("{}: trainer state: {e}", dir.display())))?;
+            let tensors = checkpoint::method_tensors(&dir)?;
+            if !tensors.is_empty() || !state["method"].is_null() {
+                method.restore(env, MethodState { tensors, json: state["method"].clone() })?;
+            }
             start = step;
             // Drop rows of steps after the checkpoint: they will be run again. metrics.jsonl
             // rows carry the 0-based step index; eval.jsonl rows the steps completed.
@@ -210,23 +63,12 @@ pub fn train(
             }
         }
     }
-    let mut akbe_signals = crate::akbe::OfflineSignals::default();
-    let mut bridge_state = crate::bridge::BridgeState::new();
-    let adapter_file = out.join("retriever-adapter.safetensors");
-    if let (true, Some(d), true) = (resume && start > 0, dense, adapter_file.exists()) {
-        d.encoder.lock().unwrap().load_adapter(&adapter_file)?;
-    }
     let mut all = vec![];
     for step in start..cfg.run.steps {
         let (t0, flops0) = (Instant::now(), knowrl_engine::flops::total());
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
-        let ctx = StepCtx { policy, reference, tok, retriever, dense, cfg, step };
-        let mut out = match cfg.method.name {
-            Method::Grpo => crate::grpo::step(&ctx, &picks)?,
-            Method::KnowledgeableR1 => crate::knowledgeable_r1::step(&ctx, &picks)?,
-            Method::Akbe => crate::akbe::step(&ctx, &picks, &mut akbe_signals)?,
-            Method::Bridge => crate::bridge::step(&ctx, &picks, &mut bridge_state)?,
-        };
+        let ctx = step_ctx(env, tok, cfg, step);
+        let mut out = method.step(&ctx, &picks)?;
         let rollout_s = t0.elapsed().as_secs_f64();
         let rollout_flops = knowrl_engine::flops::total() - flops0;
         let t1 = Instant::now();
@@ -260,14 +102,37 @@ pub fn train(
         all.push(metrics);
         let done = step + 1;
         if (cfg.run.checkpoint_every > 0 && done % cfg.run.checkpoint_every == 0) || done == cfg.run.steps {
-            // The retriever adapter first: a checkpoint that exists has its adapter beside it.
-            if let (Some(d), Method::Bridge) = (dense, cfg.method.name) {
-                d.encoder.lock().unwrap().save_adapter(&adapter_file)?;
-            }
-            checkpoint::save(&ckpt_root, done, &params, &opt, &serde_json::json!({ "rng": rng }))?;
+            let m = method.state(env)?;
+            let mut tensors: Vec<(String, tch::Tensor)> = m.tensors.into_iter().collect();
+            tensors.sort_by(|a, b| a.0.cmp(&b.0));
+            let state = serde_json::json!({ "rng": rng, "method": m.json });
+            checkpoint::save(&ckpt_root, done, &params, &opt, &state, &tensors)?;
         }
     }
     Ok(all)
+}
+
+/// The step context of `step` for a run of `cfg` on `env`.
+pub fn step_ctx<'a>(
+    env: &TrainEnv<'a>,
+    tok: &'a knowrl_engine::Tokenizer,
+    cfg: &'a TrainConfig,
+    step: u64,
+) -> StepCtx<'a> {
+    StepCtx {
+        policy: env.policy,
+        reference: env.reference,
+        tok,
+        retriever: env.retriever,
+        dense: env.dense,
+        rollout: &cfg.rollout,
+        algorithm: &cfg.algorithm,
+        reward: &cfg.reward,
+        micro_batch: cfg.optim.micro_batch,
+        seed: cfg.run.seed,
+        step,
+        steps: cfg.run.steps,
+    }
 }
 
 /// What the update of one rollout batch did: the policy-gradient figures and gradient norm
@@ -297,55 +162,45 @@ pub fn update_policy(
     seed: u64,
 ) -> UpdateStats {
     let (alg, mb, temp) = (&cfg.algorithm, cfg.optim.micro_batch, cfg.rollout.temperature);
-    let norm = out.norm.unwrap_or_else(|| Normaliser::of(&out.pg));
-    let n = out.pg.len();
+    // The policy-gradient term's rows are dealt into mini-batches; every other term is cut into
+    // as many contiguous parts.
+    let (mut pg, own_norm, aux) = split_terms(std::mem::take(&mut out.terms));
+    let norm = own_norm.unwrap_or_else(|| Normaliser::of(&pg));
+    let n = pg.len();
     let size = if alg.ppo_mini_batch == 0 { n.max(1) } else { alg.ppo_mini_batch };
     let per_epoch = n.div_ceil(size).max(1);
     let updates = per_epoch * alg.ppo_epochs;
     if updates > 1 {
-        score_old(policy, &mut out.pg, alg, temp, mb);
+        score_old(policy, &mut pg, alg, temp, mb);
     }
-    let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.loss_mask)).sum::<f64>();
-    let all_tokens = tokens(&out.pg);
-    // Term i of m: the i-th of m near-equal contiguous parts of an auxiliary term's rows.
-    fn part<T: Clone>(v: &[T], i: usize, m: usize) -> &[T] {
-        &v[i * v.len() / m..(i + 1) * v.len() / m]
-    }
+    let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
+    let all_tokens = tokens(&pg);
     let mut st = UpdateStats::default();
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();
-    let mut add = |k: &str, v: f64| *sums.entry(k.to_string()).or_default() += v;
     for epoch in 0..alg.ppo_epochs {
         for (i, batch) in mini_batches(n, size, seed, epoch).iter().enumerate() {
-            let rows: Vec<PgRow> = batch.iter().map(|&j| out.pg[j].clone()).collect();
+            let rows: Vec<PgRow> = batch.iter().map(|&j| pg[j].clone()).collect();
             let share = if all_tokens > 0.0 { tokens(&rows) / all_tokens } else { 1.0 / per_epoch as f64 };
-            let norm_i = Normaliser {
+            let normaliser = Some(Normaliser {
                 tokens: norm.tokens * share,
                 sequences: norm.sequences * rows.len() as f64 / n.max(1) as f64,
-            };
+            });
+            let mut terms = vec![LossTerm::Pg { rows, normaliser }];
+            terms.extend(aux.iter().map(|t| t.part(i, per_epoch)));
             opt.zero_grad();
-            let pg = pg_backward(policy, reference, &rows, norm_i, alg, temp, mb);
-            add("score_s", pg.score_s);
-            add("backward_s", pg.backward_s);
-            add("skipped_rows", pg.skipped_rows as f64 / alg.ppo_epochs as f64);
-            let (ce, dpo) = (part(&out.ce, i, per_epoch), part(&out.dpo, i, per_epoch));
-            if !out.ce.is_empty() {
-                add("ce_nll", ce_backward(policy, ce, out.ce_coef, mb) / updates as f64);
+            let b = backward(policy, reference, &terms, alg, temp, mb);
+            *sums.entry("score_s".into()).or_default() += b.pg.score_s;
+            *sums.entry("backward_s".into()).or_default() += b.pg.backward_s;
+            *sums.entry("skipped_rows".into()).or_default() += b.pg.skipped_rows as f64 / alg.ppo_epochs as f64;
+            for (k, v) in b.terms {
+                *sums.entry(k).or_default() += v / updates as f64;
             }
-            if !out.dpo.is_empty() {
-                add("dpo_loss", dpo_backward(policy, reference, dpo, out.dpo_beta, out.ce_coef, mb) / updates as f64);
-            }
-            let mut rag_rows = 0;
-            for (k, (coef, turns)) in out.rag.iter().enumerate() {
-                let turns = part(turns, i, per_epoch);
-                rag_rows += turns.len();
-                add(&format!("policy_l_rag_{k}"), rag_backward(policy, turns, *coef, mb) / updates as f64);
-            }
-            let any = !rows.is_empty() || !ce.is_empty() || !dpo.is_empty() || rag_rows > 0;
+            let any = terms.iter().any(|t| !t.is_empty());
             let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
             if any {
                 opt.step(cfg.optim.lr);
             }
-            st.per_update.push((pg, grad_norm));
+            st.per_update.push((b.pg, grad_norm));
         }
     }
     let k = st.per_update.len() as f64;
@@ -360,7 +215,27 @@ pub fn update_policy(
     sums.insert("ppo_updates".into(), k);
     sums.insert("ppo_kl".into(), st.pg.ppo_kl);
     st.extra = sums;
+    // The terms go back as the update saw them (π_old scored into the rows).
+    out.terms = std::iter::once(LossTerm::Pg { rows: pg, normaliser: own_norm }).chain(aux).collect();
     st
+}
+
+/// A step's policy-gradient rows (at most one such term), the normaliser the method set for
+/// them, and the other terms, empty ones dropped.
+fn split_terms(terms: Vec<LossTerm>) -> (Vec<PgRow>, Option<Normaliser>, Vec<LossTerm>) {
+    let (mut rows, mut norm, mut aux) = (vec![], None, vec![]);
+    for t in terms {
+        match t {
+            LossTerm::Pg { rows: r, normaliser } => {
+                assert!(rows.is_empty(), "a step returns at most one policy-gradient term");
+                rows = r;
+                norm = normaliser;
+            }
+            t if !t.is_empty() => aux.push(t),
+            _ => {}
+        }
+    }
+    (rows, norm, aux)
 }
 
 /// The row indices of each mini-batch of `epoch`: `0..n` dealt in a random order drawn from

@@ -1,21 +1,47 @@
-//! The loss → gradient stage every method shares. A method turns its rollouts into rows:
-//! policy-gradient rows (prompt, response, loss mask, advantage, objective weight), optional
-//! cross-entropy rows (AKBE's targets) and optional preference pairs (AKBE's DPO variant); these
-//! functions score them in micro-batches and accumulate gradients. The optimiser step is the
-//! trainer's.
-use crate::config::{Algorithm, AlgorithmSection};
-use crate::loss::{clipped_surrogate, gspo_sequence_loss, kl, Aggregation};
+//! The loss → gradient stage every method shares. A method's step returns loss terms
+//! ([`LossTerm`]): policy-gradient rows (prompt, response, loss mask, advantage, objective
+//! weight), cross-entropy targets (AKBE), preference pairs (AKBE's DPO variant) and RAG
+//! likelihood turns (BRIDGE); [`backward`] scores each in micro-batches and accumulates its
+//! gradient. The equations are `loss`'s; the optimiser step is the trainer's.
+pub use crate::loss::Normaliser;
+use crate::loss::{aggregate, clipped_surrogate, gspo_sequence_loss, kl, Aggregation};
+use crate::sections::{Algorithm, AlgorithmSection};
 use knowrl_engine::score::{score, ScoreRequest};
 use knowrl_engine::{Mode, Policy};
+use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
+
+/// A response to score under a prompt: the one sequence type of every loss term (policy
+/// gradient rows, cross-entropy targets, preference pairs, RAG candidates). `loss_mask` is true
+/// for the policy's own tokens, false for observations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sequence {
+    pub prompt: Vec<u32>,
+    pub response: Vec<u32>,
+    pub loss_mask: Vec<bool>,
+}
+
+impl Sequence {
+    /// A trajectory's response under `prompt`.
+    pub fn of(prompt: &[u32], t: &crate::agent::Trajectory) -> Sequence {
+        Sequence { prompt: prompt.to_vec(), response: t.response.clone(), loss_mask: t.loss_mask.clone() }
+    }
+
+    /// The scorer's borrowed view (`with_mask = false`: every response token counts).
+    pub fn request(&self, with_mask: bool) -> ScoreRequest<'_> {
+        ScoreRequest {
+            prompt: &self.prompt,
+            response: &self.response,
+            loss_mask: with_mask.then_some(&self.loss_mask[..]),
+        }
+    }
+}
 
 /// One response in a policy-gradient objective. The same generated tokens may appear in several
 /// rows under different prompts (Knowledgeable-R1's PK and RPK).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PgRow {
-    pub prompt: Vec<u32>,
-    pub response: Vec<u32>,
-    pub loss_mask: Vec<bool>,
+    pub seq: Sequence,
     pub advantage: f64,
     /// The objective's weight λ (1 for plain GRPO).
     pub weight: f64,
@@ -25,39 +51,22 @@ pub struct PgRow {
 }
 
 impl PgRow {
-    pub fn new(prompt: Vec<u32>, response: Vec<u32>, loss_mask: Vec<bool>, advantage: f64, weight: f64) -> PgRow {
-        PgRow { prompt, response, loss_mask, advantage, weight, old_logprobs: vec![] }
+    pub fn new(seq: Sequence, advantage: f64, weight: f64) -> PgRow {
+        PgRow { seq, advantage, weight, old_logprobs: vec![] }
     }
-}
-
-/// A target sequence for a token-mean cross-entropy term (AKBE).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CeRow {
-    pub prompt: Vec<u32>,
-    pub response: Vec<u32>,
-    pub loss_mask: Vec<bool>,
 }
 
 /// A preference pair sharing nothing but the question (AKBE Appendix C's DPO variant).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DpoPair {
-    pub chosen: CeRow,
-    pub rejected: CeRow,
-}
-
-/// What the batch loss is divided by. Knowledgeable-R1's released code divides the sum of
-/// J_RPK + J_PK + J_CK token losses by the tokens of the *generated* responses only, so this is
-/// the method's to say, not the rows'.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Normaliser {
-    pub tokens: f64,
-    pub sequences: f64,
+    pub chosen: Sequence,
+    pub rejected: Sequence,
 }
 
 impl Normaliser {
     /// Every row counted once (plain GRPO / DAPO / GSPO).
     pub fn of(rows: &[PgRow]) -> Normaliser {
-        Normaliser { tokens: rows.iter().map(|r| mask_len(&r.loss_mask)).sum(), sequences: rows.len() as f64 }
+        Normaliser { tokens: rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum(), sequences: rows.len() as f64 }
     }
 }
 
@@ -82,9 +91,7 @@ pub struct PgStats {
 }
 
 fn requests<'a>(rows: &[&'a PgRow]) -> Vec<ScoreRequest<'a>> {
-    rows.iter()
-        .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
-        .collect()
+    rows.iter().map(|r| r.seq.request(true)).collect()
 }
 
 /// Whether a row can change the gradient. A row with A = 0 (or λ = 0) has per-token loss
@@ -92,7 +99,8 @@ fn requests<'a>(rows: &[&'a PgRow]) -> Vec<ScoreRequest<'a>> {
 /// divided by the normaliser, which counts it anyway. GRPO groups whose samples all earned the
 /// same reward are such rows.
 fn carries(alg: &AlgorithmSection, r: &PgRow) -> bool {
-    !r.response.is_empty() && (alg.kl_coef > 0.0 || !alg.skip_zero_advantage || (r.advantage != 0.0 && r.weight != 0.0))
+    !r.seq.response.is_empty()
+        && (alg.kl_coef > 0.0 || !alg.skip_zero_advantage || (r.advantage != 0.0 && r.weight != 0.0))
 }
 
 /// π_old for several updates per batch (PPO): fills each row's `old_logprobs` from one no-grad
@@ -108,7 +116,7 @@ pub fn score_old(policy: &Policy, rows: &mut [PgRow], alg: &AlgorithmSection, te
             let width = s.logprobs.size()[1] as usize;
             let flat = Vec::<f64>::try_from(s.logprobs.to_kind(Kind::Double).flatten(0, -1)).expect("f64 logprobs");
             for (i, r) in mb.iter_mut().enumerate() {
-                r.old_logprobs = flat[i * width..i * width + r.response.len()].to_vec();
+                r.old_logprobs = flat[i * width..i * width + r.seq.response.len()].to_vec();
             }
         }
     });
@@ -136,13 +144,13 @@ pub fn pg_backward(
     temperature: f64,
     micro_batch: usize,
 ) -> PgStats {
-    let with_response: Vec<&PgRow> = rows.iter().filter(|r| !r.response.is_empty()).collect();
+    let with_response: Vec<&PgRow> = rows.iter().filter(|r| !r.seq.response.is_empty()).collect();
     let rows: Vec<&PgRow> = with_response.iter().copied().filter(|r| carries(alg, r)).collect();
     let temp = temperature.max(1e-6);
     let gspo = alg.name == Algorithm::Gspo;
     let agg = if gspo { Aggregation::SeqMeanTokenMean } else { alg.aggregation };
     let mut st = PgStats { skipped_rows: with_response.len() - rows.len(), ..PgStats::default() };
-    let counted: f64 = rows.iter().map(|r| mask_len(&r.loss_mask)).sum::<f64>().max(1.0);
+    let counted: f64 = rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>().max(1.0);
     for mb in rows.chunks(micro_batch.max(1)) {
         let reqs = requests(mb);
         let t0 = std::time::Instant::now();
@@ -174,15 +182,7 @@ pub fn pg_backward(
         } else {
             per_token
         };
-        let per_token = per_token * weight;
-        let loss = match agg {
-            Aggregation::TokenMean => (&per_token * &s.mask).sum(Kind::Float) / norm.tokens.max(1.0),
-            Aggregation::SeqMeanTokenMean => {
-                let per_seq = (&per_token * &s.mask).sum_dim_intlist(1, false, Kind::Float)
-                    / s.mask.sum_dim_intlist(1, false, Kind::Float).clamp_min(1.0);
-                per_seq.sum(Kind::Float) / norm.sequences.max(1.0)
-            }
-        };
+        let loss = aggregate(&(per_token * weight), &s.mask, agg, norm);
         let t1 = std::time::Instant::now();
         loss.backward();
         st.score_s += (t1 - t0).as_secs_f64();
@@ -200,20 +200,20 @@ pub fn pg_backward(
 }
 
 /// Per-sequence token-mean negative log-likelihood [B] of `rows` (mask applied).
-pub fn sequence_nll(policy: &Policy, rows: &[&CeRow], mode: Mode) -> Tensor {
+pub fn sequence_nll(policy: &Policy, rows: &[&Sequence], mode: Mode) -> Tensor {
     let (logp, n) = sequence_logp(policy, rows, mode);
     -logp / n.clamp_min(1.0)
 }
 
 /// Accumulates ∇ of coef × mean over rows of the per-sequence token-mean NLL; returns that
 /// mean NLL (before the coefficient).
-pub fn ce_backward(policy: &Policy, rows: &[CeRow], coef: f64, micro_batch: usize) -> f64 {
+pub fn ce_backward(policy: &Policy, rows: &[Sequence], coef: f64, micro_batch: usize) -> f64 {
     if rows.is_empty() || coef == 0.0 {
         return 0.0;
     }
     let n = rows.len() as f64;
     let mut total = 0.0;
-    let refs: Vec<&CeRow> = rows.iter().collect();
+    let refs: Vec<&Sequence> = rows.iter().collect();
     for mb in refs.chunks(micro_batch.max(1)) {
         let nll = sequence_nll(policy, mb, Mode::TRAIN).sum(Kind::Float);
         total += nll.double_value(&[]);
@@ -223,11 +223,8 @@ pub fn ce_backward(policy: &Policy, rows: &[CeRow], coef: f64, micro_batch: usiz
 }
 
 /// Sum of each sequence's masked token log-probs [B] and its masked token count [B].
-fn sequence_logp(policy: &Policy, rows: &[&CeRow], mode: Mode) -> (Tensor, Tensor) {
-    let reqs: Vec<ScoreRequest> = rows
-        .iter()
-        .map(|r| ScoreRequest { prompt: &r.prompt, response: &r.response, loss_mask: Some(&r.loss_mask) })
-        .collect();
+fn sequence_logp(policy: &Policy, rows: &[&Sequence], mode: Mode) -> (Tensor, Tensor) {
+    let reqs: Vec<ScoreRequest> = rows.iter().map(|r| r.request(true)).collect();
     let s = score(&policy.lm, &reqs, 1.0, mode);
     ((&s.logprobs * &s.mask).sum_dim_intlist(1, false, Kind::Float), s.mask.sum_dim_intlist(1, false, Kind::Float))
 }
@@ -248,8 +245,8 @@ pub fn dpo_backward(
     let n = pairs.len() as f64;
     let mut total = 0.0;
     for mb in pairs.chunks(micro_batch.max(1)) {
-        let w: Vec<&CeRow> = mb.iter().map(|p| &p.chosen).collect();
-        let l: Vec<&CeRow> = mb.iter().map(|p| &p.rejected).collect();
+        let w: Vec<&Sequence> = mb.iter().map(|p| &p.chosen).collect();
+        let l: Vec<&Sequence> = mb.iter().map(|p| &p.rejected).collect();
         let (r, mode) = match reference {
             Some(r) => (r, Mode::EVAL),
             None => (policy, Mode::REFERENCE),
@@ -267,7 +264,7 @@ pub fn dpo_backward(
 /// (h_t + ⟨information⟩d, y) and the retriever's fixed ρ(d|h_t) over them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RagTurn {
-    pub docs: Vec<CeRow>,
+    pub docs: Vec<Sequence>,
     pub rho: Vec<f64>,
 }
 
@@ -283,7 +280,7 @@ pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, micro_batch: 
     let per = (micro_batch.max(1) / k).max(1);
     let mut total = 0.0;
     for mb in turns.chunks(per) {
-        let rows: Vec<&CeRow> = mb.iter().flat_map(|t| t.docs.iter()).collect();
+        let rows: Vec<&Sequence> = mb.iter().flat_map(|t| t.docs.iter()).collect();
         let logp = sequence_logp(policy, &rows, Mode::TRAIN).0;
         let log_rho: Vec<f32> = mb.iter().flat_map(|t| t.rho.iter().map(|r| r.max(1e-30).ln() as f32)).collect();
         let shape = [mb.len() as i64, k as i64];
@@ -293,4 +290,90 @@ pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, micro_batch: 
         (loss * (coef / n)).backward();
     }
     total / n
+}
+
+/// One term of a step's loss. A step returns its terms; [`backward`] applies them all.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LossTerm {
+    /// The clipped policy-gradient objective (GRPO / DAPO / GSPO) over `rows`, divided by
+    /// `normaliser` (`None`: every row counted once).
+    Pg { rows: Vec<PgRow>, normaliser: Option<Normaliser> },
+    /// coef × the per-sequence token-mean cross-entropy of target sequences (AKBE Eq. 6).
+    Ce { rows: Vec<Sequence>, coef: f64 },
+    /// coef × DPO over preference pairs (AKBE Appendix C).
+    Dpo { pairs: Vec<DpoPair>, beta: f64, coef: f64 },
+    /// coef × the policy-side RAG likelihood (BRIDGE's Drop / two-state estimators).
+    Rag { turns: Vec<RagTurn>, coef: f64 },
+}
+
+impl LossTerm {
+    /// How many items (rows, pairs, turns) the term holds.
+    pub fn len(&self) -> usize {
+        match self {
+            LossTerm::Pg { rows, .. } => rows.len(),
+            LossTerm::Ce { rows, .. } => rows.len(),
+            LossTerm::Dpo { pairs, .. } => pairs.len(),
+            LossTerm::Rag { turns, .. } => turns.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The i-th of m near-equal contiguous parts of an auxiliary term (a PPO mini-batch's
+    /// share); policy-gradient rows are dealt by the trainer instead.
+    pub fn part(&self, i: usize, m: usize) -> LossTerm {
+        fn cut<T: Clone>(v: &[T], i: usize, m: usize) -> Vec<T> {
+            v[i * v.len() / m..(i + 1) * v.len() / m].to_vec()
+        }
+        match self {
+            LossTerm::Pg { rows, normaliser } => LossTerm::Pg { rows: cut(rows, i, m), normaliser: *normaliser },
+            LossTerm::Ce { rows, coef } => LossTerm::Ce { rows: cut(rows, i, m), coef: *coef },
+            LossTerm::Dpo { pairs, beta, coef } => LossTerm::Dpo { pairs: cut(pairs, i, m), beta: *beta, coef: *coef },
+            LossTerm::Rag { turns, coef } => LossTerm::Rag { turns: cut(turns, i, m), coef: *coef },
+        }
+    }
+}
+
+/// What one [`backward`] did: the policy-gradient figures and each auxiliary term's loss
+/// (`ce_nll`, `dpo_loss`, `policy_l_rag_<k>` for the k-th RAG term).
+#[derive(Debug, Clone, Default)]
+pub struct BackwardStats {
+    pub pg: PgStats,
+    pub terms: BTreeMap<String, f64>,
+}
+
+/// Accumulates the gradient of every term (the sum of their losses) into the policy's
+/// parameters; the caller zeroes gradients before and steps the optimiser after.
+pub fn backward(
+    policy: &Policy,
+    reference: Option<&Policy>,
+    terms: &[LossTerm],
+    alg: &AlgorithmSection,
+    temperature: f64,
+    micro_batch: usize,
+) -> BackwardStats {
+    let mut st = BackwardStats::default();
+    let mut rag = 0;
+    for term in terms {
+        match term {
+            LossTerm::Pg { rows, normaliser } => {
+                let norm = normaliser.unwrap_or_else(|| Normaliser::of(rows));
+                st.pg = pg_backward(policy, reference, rows, norm, alg, temperature, micro_batch);
+            }
+            LossTerm::Ce { rows, coef } => {
+                st.terms.insert("ce_nll".into(), ce_backward(policy, rows, *coef, micro_batch));
+            }
+            LossTerm::Dpo { pairs, beta, coef } => {
+                let l = dpo_backward(policy, reference, pairs, *beta, *coef, micro_batch);
+                st.terms.insert("dpo_loss".into(), l);
+            }
+            LossTerm::Rag { turns, coef } => {
+                st.terms.insert(format!("policy_l_rag_{rag}"), rag_backward(policy, turns, *coef, micro_batch));
+                rag += 1;
+            }
+        }
+    }
+    st
 }

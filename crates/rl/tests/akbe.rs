@@ -3,10 +3,8 @@
 mod common;
 use knowrl_engine::score::{score, ScoreRequest};
 use knowrl_engine::{Mode, Rng};
-use knowrl_rl::akbe::{
-    categorise, rejected, select_target, step, AkbeConfig, Category, OfflineSignals, Outcome, Target, TargetRule,
-};
-use knowrl_rl::update::{ce_backward, CeRow};
+use knowrl_rl::akbe::{categorise, rejected, select_target, AkbeConfig, Category, Outcome, Target, TargetRule};
+use knowrl_rl::update::{ce_backward, LossTerm, Sequence};
 
 fn o(correct: bool, tool_calls: usize, tokens: usize) -> Outcome {
     Outcome { correct, tool_calls, tokens }
@@ -77,8 +75,8 @@ fn ce_value_is_masked_per_sequence_token_mean_and_scales_with_lambda() {
     let obs_len = tok.encode("<information> Doc 1 </information>", false).unwrap().len();
     let mask_a: Vec<bool> = (0..a.len()).map(|i| !(obs_start..obs_start + obs_len).contains(&i)).collect();
     let rows = vec![
-        CeRow { prompt: prompt.clone(), response: a.clone(), loss_mask: mask_a.clone() },
-        CeRow { prompt: prompt.clone(), response: b.clone(), loss_mask: vec![true; b.len()] },
+        Sequence { prompt: prompt.clone(), response: a.clone(), loss_mask: mask_a.clone() },
+        Sequence { prompt: prompt.clone(), response: b.clone(), loss_mask: vec![true; b.len()] },
     ];
     // By hand: per sequence, −Σ_{t ∈ mask} log p / |mask|; then the mean over sequences.
     let nll = |resp: &[u32], mask: &[bool]| {
@@ -123,23 +121,24 @@ fn a_step_on_the_world_builds_targets_for_tool_and_no_tool_paths() {
     let cfg = common::config(
         &std::env::temp_dir().join("knowrl-akbe-unused"),
         1,
-        "[method]\nname = \"akbe\"\n[akbe]\nn_wt = 3\nn_nt = 2\n",
+        "[method]\nname = \"akbe\"\nn_wt = 3\nn_nt = 2\n",
     );
     let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().take(6).collect();
     let ctx = common::ctx(&policy, &r, &cfg);
-    let out = step(&ctx, &picks, &mut OfflineSignals::default()).unwrap();
+    let out = cfg.method.spec().build().step(&ctx, &picks).unwrap();
     let m = &out.metrics.extra;
     let total: f64 = Category::ALL.iter().map(|c| m[&format!("cat_{}", c.name())]).sum();
     assert_eq!(total, 6.0, "every question is categorised once");
-    assert_eq!(out.ce.len() as f64, m["targets"]);
-    assert_eq!(out.ce_coef, 0.05);
+    let [_, LossTerm::Ce { rows: ce, coef }] = &out.terms[..] else { panic!("want a PG and a CE term") };
+    assert_eq!(ce.len() as f64, m["targets"]);
+    assert_eq!(*coef, 0.05);
     // PG rows are with-tool trajectories only (3 per question).
-    assert_eq!(out.pg.len(), 18);
+    assert_eq!(out.pg_rows().len(), 18);
     let tok = policy.tokenizer().unwrap();
     let nt_prompts: Vec<Vec<u32>> = picks.iter().map(|t| t.no_tool.ids(tok).unwrap()).collect();
-    assert!(out.pg.iter().all(|r| !nt_prompts.contains(&r.prompt)));
+    assert!(out.pg_rows().iter().all(|r| !nt_prompts.contains(&r.seq.prompt)));
     // No-tool targets keep their own (no-tool) prompt (released code) and contain no observation.
-    for t in &out.ce {
+    for t in ce {
         if nt_prompts.contains(&t.prompt) {
             assert!(t.loss_mask.iter().all(|m| *m));
         }

@@ -1,9 +1,7 @@
 //! Knowledgeable-R1: golden advantages (every branch of T and β), the three objectives' values
 //! and gradient signs, and RPK = the PK responses' tokens scored under the context prompt.
 mod common;
-use knowrl_rl::knowledgeable_r1::{
-    advantages, step, transform, Beta, KnowledgeableR1Config, PkAdvantage, QuestionRewards,
-};
+use knowrl_rl::knowledgeable_r1::{advantages, transform, Beta, KnowledgeableR1Config, PkAdvantage, QuestionRewards};
 use knowrl_rl::update::{pg_backward, Normaliser};
 
 const EPS: f64 = 1e-6;
@@ -109,12 +107,12 @@ fn step_ctx_rows(extra: &str) -> (Vec<knowrl_rl::update::PgRow>, Vec<knowrl_rl::
     let cfg = common::config(
         &std::env::temp_dir().join("knowrl-kr1-unused"),
         1,
-        &format!("[method]\nname = \"knowledgeable_r1\"\n[knowledgeable_r1]\nn_pk = 3\nn_ck = 2\n{extra}"),
+        &format!("[method]\nname = \"knowledgeable_r1\"\nn_pk = 3\nn_ck = 2\n{extra}"),
     );
     let ctx = common::ctx(&policy, &r, &cfg);
     let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().collect();
-    let out = step(&ctx, &picks).unwrap();
-    (out.pg, tasks, out.norm)
+    let out = cfg.method.spec().build().step(&ctx, &picks).unwrap();
+    (out.pg_rows().to_vec(), tasks, out.pg_normaliser())
 }
 
 #[test]
@@ -126,18 +124,18 @@ fn rpk_rows_are_pk_responses_scored_under_the_context_prompt() {
     let c_ids: Vec<Vec<u32>> = tasks.iter().map(|t| t.with_context.as_ref().unwrap().ids(tok).unwrap()).collect();
     // 2 questions × (2 CK + 3 RPK + 3 PK) rows.
     assert_eq!(rows.len(), 2 * (2 + 3 + 3));
-    let pk: Vec<_> = rows.iter().filter(|r| p_ids.contains(&r.prompt)).collect();
-    let under_context: Vec<_> = rows.iter().filter(|r| c_ids.contains(&r.prompt)).collect();
+    let pk: Vec<_> = rows.iter().filter(|r| p_ids.contains(&r.seq.prompt)).collect();
+    let under_context: Vec<_> = rows.iter().filter(|r| c_ids.contains(&r.seq.prompt)).collect();
     assert_eq!(pk.len(), 6);
     assert_eq!(under_context.len(), 10);
     for p in &pk {
-        let qi = p_ids.iter().position(|x| *x == p.prompt).unwrap();
+        let qi = p_ids.iter().position(|x| *x == p.seq.prompt).unwrap();
         // Its RPK twin: same tokens, the same question's context prompt, not the PK prompt.
         let twin = under_context
             .iter()
-            .find(|r| r.response == p.response && r.prompt == c_ids[qi])
+            .find(|r| r.seq.response == p.seq.response && r.seq.prompt == c_ids[qi])
             .expect("an RPK row with the PK response under p′");
-        assert_ne!(twin.prompt, p.prompt);
+        assert_ne!(twin.seq.prompt, p.seq.prompt);
         // Released default: J_PK's advantage is the untransformed global one, J_RPK's is T(·).
         assert!(twin.advantage == p.advantage || (p.advantage <= 0.0 && twin.advantage >= p.advantage));
     }
@@ -152,8 +150,8 @@ fn rpk_rows_are_pk_responses_scored_under_the_context_prompt() {
         s.logprobs.sum(tch::Kind::Float).double_value(&[])
     };
     let p = pk[0];
-    let qi = p_ids.iter().position(|x| *x == p.prompt).unwrap();
-    assert!((score(&p.prompt, &p.response) - score(&c_ids[qi], &p.response)).abs() > 1e-4);
+    let qi = p_ids.iter().position(|x| *x == p.seq.prompt).unwrap();
+    assert!((score(&p.seq.prompt, &p.seq.response) - score(&c_ids[qi], &p.seq.response)).abs() > 1e-4);
     // The normaliser counts generated responses once (2 × (3 + 2)), not the 3 objectives' rows.
     let n = norm.unwrap();
     assert_eq!(n.sequences, 10.0);
@@ -177,7 +175,12 @@ fn objectives_values_and_gradient_signs() {
     let good = tok.encode("<answer> Vobilford </answer>", false).unwrap();
     let bad = tok.encode("<answer> Draitekir </answer>", false).unwrap();
     let row = |resp: &Vec<u32>, a: f64, w: f64| {
-        knowrl_rl::update::PgRow::new(prompt.clone(), resp.clone(), vec![true; resp.len()], a, w)
+        let seq = knowrl_rl::update::Sequence {
+            prompt: prompt.clone(),
+            response: resp.clone(),
+            loss_mask: vec![true; resp.len()],
+        };
+        knowrl_rl::update::PgRow::new(seq, a, w)
     };
     let rows = vec![row(&good, 1.5, 1.0), row(&bad, -0.5, 2.0)];
     let norm = Normaliser { tokens: 10.0, sequences: 2.0 };
@@ -205,7 +208,7 @@ fn objectives_values_and_gradient_signs() {
             p.shallow_clone().zero_grad();
         }
         let before: Vec<tch::Tensor> = params.iter().map(|(_, p)| p.detach().copy()).collect();
-        let lp0 = lp(&r.response);
+        let lp0 = lp(&r.seq.response);
         pg_backward(&policy, None, std::slice::from_ref(r), norm, &cfg.algorithm, 1.0, 8);
         tch::no_grad(|| {
             for (_, p) in &params {
@@ -215,7 +218,7 @@ fn objectives_values_and_gradient_signs() {
                 }
             }
         });
-        let lp1 = lp(&r.response);
+        let lp1 = lp(&r.seq.response);
         tch::no_grad(|| {
             for ((_, p), b) in params.iter().zip(&before) {
                 p.shallow_clone().copy_(b);

@@ -12,8 +12,9 @@ use knowrl_engine::optim::{AdamW, AdamWConfig};
 use knowrl_engine::weights::{read_all, write_atomic};
 use knowrl_engine::{LoadOptions, LoraConfig, Policy};
 use knowrl_rl::config::TrainConfig;
-use knowrl_rl::trainer::{mini_batches, update_policy, StepOutput};
-use knowrl_rl::update::{pg_backward, Normaliser, PgRow};
+use knowrl_rl::method::StepOutput;
+use knowrl_rl::trainer::{mini_batches, update_policy};
+use knowrl_rl::update::{pg_backward, LossTerm, Normaliser, PgRow, Sequence};
 use serde_json::json;
 use std::path::Path;
 use tch::{Kind, Tensor};
@@ -59,7 +60,7 @@ fn rows() -> Vec<PgRow> {
     let (p1, p2) = (vec![1, 5, 9, 13], vec![1, 7, 8]);
     let r = |p: &Vec<u32>, resp: &[u32], mask: Option<Vec<bool>>, a: f64| {
         let mask = mask.unwrap_or(vec![true; resp.len()]);
-        PgRow::new(p.clone(), resp.to_vec(), mask, a, 1.0)
+        PgRow::new(Sequence { prompt: p.clone(), response: resp.to_vec(), loss_mask: mask }, a, 1.0)
     };
     vec![
         r(&p1, &[20, 21, 22, 2], None, 1.5),
@@ -100,7 +101,7 @@ fn one_mini_batch_is_the_single_update_and_several_match_pytorch() {
     let single = |cfg: &TrainConfig| {
         let p = tiny_policy(&root);
         let mut opt = optimiser(&p);
-        let mut out = StepOutput { pg: rows(), ..Default::default() };
+        let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: rows(), normaliser: None }], ..Default::default() };
         let st = update_policy(&p, None, &mut opt, &mut out, cfg, 5);
         (adapters(&p), st)
     };
@@ -125,7 +126,7 @@ fn one_mini_batch_is_the_single_update_and_several_match_pytorch() {
     let (ours, st) = {
         let p = tiny_policy(&root);
         let mut opt = optimiser(&p);
-        let mut out = StepOutput { pg: rows(), ..Default::default() };
+        let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: rows(), normaliser: None }], ..Default::default() };
         let st = update_policy(&p, None, &mut opt, &mut out, &cfg, seed);
         (adapters(&p), st)
     };
@@ -135,7 +136,7 @@ fn one_mini_batch_is_the_single_update_and_several_match_pytorch() {
     assert_ne!(batches[0], batches[3], "each epoch deals the rows in a new order");
     let rows_json: Vec<_> = rows()
         .iter()
-        .map(|r| json!({"prompt": r.prompt, "response": r.response, "mask": r.loss_mask, "advantage": r.advantage}))
+        .map(|r| json!({"prompt": r.seq.prompt, "response": r.seq.response, "mask": r.seq.loss_mask, "advantage": r.advantage}))
         .collect();
     run_reference(
         &json!([{"kind": "ppo", "model": root.to_str().unwrap(), "lora": lora(), "rows": rows_json,
@@ -164,7 +165,7 @@ fn the_ratio_leaves_one_after_the_first_mini_batch_and_the_clip_acts() {
     // Every row twice, so the second mini-batch scores responses the first one just pushed up
     // (or down) with a large step.
     let twice: Vec<PgRow> = rows().into_iter().chain(rows()).collect();
-    let mut out = StepOutput { pg: twice, ..Default::default() };
+    let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: twice, normaliser: None }], ..Default::default() };
     let mut opt = optimiser(&p);
     let st = update_policy(&p, None, &mut opt, &mut out, &config(8, 1, 5e-2), 1);
     let [(first, _), (second, _)] = st.per_update[..] else { panic!("{} updates, want 2", st.per_update.len()) };
@@ -172,5 +173,5 @@ fn the_ratio_leaves_one_after_the_first_mini_batch_and_the_clip_acts() {
     assert_eq!(first.clip_frac, 0.0);
     assert!(second.ppo_kl.abs() > 1e-3, "second mini-batch: ratio still 1 (ppo_kl {})", second.ppo_kl);
     assert!(second.clip_frac > 0.0, "second mini-batch: the clip never acted");
-    assert!(out.pg.iter().filter(|r| r.advantage != 0.0).all(|r| r.old_logprobs.len() == r.response.len()));
+    assert!(out.pg_rows().iter().filter(|r| r.advantage != 0.0).all(|r| r.old_logprobs.len() == r.seq.response.len()));
 }

@@ -2,7 +2,8 @@
 //! a run resumed from its step-1 checkpoint ends bit-identical to an uninterrupted one.
 mod common;
 use common::{agent_tasks, config, policy, retriever};
-use knowrl_rl::trainer::{train, TrainEnv};
+use knowrl_rl::method::TrainEnv;
+use knowrl_rl::trainer::train;
 
 #[test]
 fn grpo_runs_checkpoints_and_resumes_bit_identically() {
@@ -69,7 +70,7 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
 /// scoring them (the loss is divided by the whole batch's tokens either way).
 #[test]
 fn zero_advantage_rows_are_skipped_with_the_same_gradient() {
-    use knowrl_rl::update::{pg_backward, Normaliser, PgRow};
+    use knowrl_rl::update::{pg_backward, Normaliser, PgRow, Sequence};
     tch::set_num_threads(1);
     let policy = policy();
     let tok = policy.tokenizer().unwrap();
@@ -78,7 +79,8 @@ fn zero_advantage_rows_are_skipped_with_the_same_gradient() {
     let response = |a: &str| tok.encode(&format!("<answer> {a} </answer>"), false).unwrap();
     let row = |q: &str, a: &str, advantage: f64, weight: f64| {
         let response = response(a);
-        PgRow::new(prompt(q), response.clone(), vec![true; response.len()], advantage, weight)
+        let seq = Sequence { prompt: prompt(q), loss_mask: vec![true; response.len()], response: response.clone() };
+        PgRow::new(seq, advantage, weight)
     };
     let rows = vec![
         // A group with unequal rewards, one whose samples all scored the same, a zero-weight row.
@@ -116,4 +118,50 @@ fn zero_advantage_rows_are_skipped_with_the_same_gradient() {
     assert!(nonzero > 0, "the surviving rows must carry a gradient");
     // With a KL term every row has a gradient: nothing is skipped.
     assert_eq!(grads(true, 0.1).0.skipped_rows, 0);
+}
+
+/// BRIDGE carries state of its own (the retriever's query LoRA, its AdamW moments, the two-state
+/// estimator's second retriever): a run resumed from its step-2 checkpoint, with a fresh policy
+/// and a fresh retriever, ends bit-identical to an uninterrupted one, retriever included.
+#[test]
+fn bridge_resumes_bit_identically_with_its_retriever_state() {
+    tch::set_num_threads(1);
+    let lora = knowrl_engine::LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        target_modules: vec!["query".into(), "value".into()],
+    };
+    let tasks = agent_tasks(50);
+    let base = std::env::temp_dir().join(format!("knowrl-train-bridge-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let method = "[method]\nname = \"bridge\"\nk = 4\nestimator = \"two_state\"\nretriever_lr = 0.05\n";
+    let run = |dir: &str, steps: u64, resume: bool| {
+        let p = policy();
+        let r = common::retriever_with(Some(lora.clone()));
+        let env = TrainEnv { policy: &p, reference: None, retriever: &r, dense: Some(&r) };
+        let m = train(&env, &tasks, &config(&base.join(dir), steps, method), resume, &|_| {}).unwrap();
+        let adapter: Vec<tch::Tensor> =
+            r.encoder.lock().unwrap().adapter_parameters().into_iter().map(|(_, t)| t).collect();
+        (p, adapter, m)
+    };
+    let (pa, ra, ma) = run("a", 3, false);
+    assert!(ma.iter().all(|m| m.extra["retrieval_turns"] > 0.0), "the tiny policy searches");
+    run("b", 2, false);
+    let (pb, rb, mb) = run("b", 3, true);
+    assert_eq!(mb.len(), 1, "resumed run does only the remaining step");
+    for k in ["retriever_j_rl", "retriever_l_rag", "policy_l_rag_0", "policy_l_rag_1"] {
+        assert_eq!(mb[0].extra[k], ma[2].extra[k], "{k} differs after resume");
+    }
+    for ((n, x), (_, y)) in pa.trainable_parameters().iter().zip(pb.trainable_parameters()) {
+        assert!(x.equal(&y), "policy {n} differs after resume");
+    }
+    let fresh = common::retriever_with(Some(lora.clone()));
+    let init: Vec<tch::Tensor> =
+        fresh.encoder.lock().unwrap().adapter_parameters().into_iter().map(|(_, t)| t).collect();
+    assert!(ra.iter().zip(&init).any(|(a, i)| !a.equal(i)), "the retriever adapter never moved");
+    for (a, b) in ra.iter().zip(&rb) {
+        assert!(a.equal(b), "retriever adapter differs after resume");
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }

@@ -334,7 +334,8 @@ pub fn train_adapter(
     progress: Progress,
 ) -> knowrl_engine::Result<f64> {
     let lora = cfg.lora();
-    let policy = Policy::load(base, &LoadOptions { lora: Some(lora.clone()), ..Default::default() })?;
+    let opts = LoadOptions { lora: Some(lora.clone()), seed: cfg.seed as i64, ..Default::default() };
+    let policy = Policy::load(base, &opts)?;
     let tok = policy.tokenizer()?;
     let mut data = vec![];
     let mut epochs = vec![];

@@ -123,14 +123,19 @@ pub fn ctx<'a>(
     policy: &'a Policy,
     retriever: &'a DenseRetriever,
     cfg: &'a TrainConfig,
-) -> knowrl_rl::trainer::StepCtx<'a> {
-    knowrl_rl::trainer::StepCtx {
+) -> knowrl_rl::method::StepCtx<'a> {
+    knowrl_rl::method::StepCtx {
         policy,
         reference: None,
         tok: policy.tokenizer().unwrap(),
         retriever,
         dense: None,
-        cfg,
+        rollout: &cfg.rollout,
+        algorithm: &cfg.algorithm,
+        reward: &cfg.reward,
+        micro_batch: cfg.optim.micro_batch,
+        seed: cfg.run.seed,
         step: 0,
+        steps: cfg.run.steps,
     }
 }

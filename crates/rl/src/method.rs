@@ -1,0 +1,221 @@
+//! The step contract between the trainer and a method. A method's step turns questions into
+//! rollouts, rewards and advantages, and returns loss terms ([`StepOutput`]); the trainer owns
+//! the schedule (PPO mini-batches, optimiser, checkpoints) and never looks inside a method.
+//! A method file imports this file, never the trainer; a new method is one file implementing
+//! [`MethodSpec`] (its TOML section) and [`Method`] (its step), plus its line in `config`.
+use crate::agent::{rollout, AgentConfig, Trajectory};
+use crate::reward::reward;
+use crate::sections::{AlgorithmSection, RewardSection, RolloutSection};
+use crate::task::{Prompt, Task};
+use crate::update::{mask_len, LossTerm, Normaliser, PgRow};
+use knowrl_engine::{LoraConfig, Policy, Rng, Tokenizer};
+use knowrl_retrieval::dense::DenseRetriever;
+use knowrl_retrieval::{Hit, Retriever};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use tch::Tensor;
+
+/// A method's TOML section (`[method] name = "…"` plus its fields): what it needs from the run
+/// and how to build its step.
+pub trait MethodSpec {
+    fn build(&self) -> Box<dyn Method>;
+    /// Checks the section (and how it fits the rollout section); errors name the field.
+    fn validate(&self, _rollout: &RolloutSection) -> Result<(), String> {
+        Ok(())
+    }
+    /// Whether the method needs a frozen copy of the starting weights (besides the KL term's).
+    fn needs_reference(&self) -> bool {
+        false
+    }
+    /// The query-side LoRA the method trains on the dense retriever, if any.
+    fn query_lora(&self) -> Option<LoraConfig> {
+        None
+    }
+}
+
+/// One method's step, with whatever state it carries between steps.
+pub trait Method {
+    fn step(&mut self, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_engine::Result<StepOutput>;
+    /// The state a checkpoint must hold for a resumed run to continue bit-identically.
+    fn state(&self, _env: &TrainEnv) -> knowrl_engine::Result<MethodState> {
+        Ok(MethodState::default())
+    }
+    /// Restores [`Method::state`] from a checkpoint.
+    fn restore(&mut self, _env: &TrainEnv, _state: MethodState) -> knowrl_engine::Result<()> {
+        Ok(())
+    }
+}
+
+/// A method's checkpointed state: named tensors (saved as safetensors) and JSON figures.
+#[derive(Default)]
+pub struct MethodState {
+    pub tensors: HashMap<String, Tensor>,
+    pub json: serde_json::Value,
+}
+
+/// What a run trains with: the policy, a frozen copy of its starting weights when needed (KL or
+/// DPO without LoRA, AKBE's offline signals), and the search tool (also as the dense retriever
+/// whose query LoRA BRIDGE trains).
+pub struct TrainEnv<'a> {
+    pub policy: &'a Policy,
+    pub reference: Option<&'a Policy>,
+    pub retriever: &'a dyn Retriever,
+    pub dense: Option<&'a DenseRetriever>,
+}
+
+/// What a step sees: the run's resources, the shared sections it rolls out and scores with,
+/// and where it is in the run.
+pub struct StepCtx<'a> {
+    pub policy: &'a Policy,
+    pub reference: Option<&'a Policy>,
+    pub tok: &'a Tokenizer,
+    pub retriever: &'a dyn Retriever,
+    /// The same retriever as a dense one with a query adapter (BRIDGE trains it).
+    pub dense: Option<&'a DenseRetriever>,
+    pub rollout: &'a RolloutSection,
+    pub algorithm: &'a AlgorithmSection,
+    pub reward: &'a RewardSection,
+    /// Responses per forward pass (scoring inside a step).
+    pub micro_batch: usize,
+    /// The run's seed, step (0-based) and number of steps.
+    pub seed: u64,
+    pub step: u64,
+    pub steps: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StepMetrics {
+    pub step: u64,
+    pub reward: f64,
+    pub em: f64,
+    pub tool_calls: f64,
+    pub response_len: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub clip_frac: f64,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub kept_groups: usize,
+    pub rollout_s: f64,
+    pub update_s: f64,
+    pub step_s: f64,
+    /// Method-specific figures (Knowledgeable-R1's β, AKBE's category counts, …).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, f64>,
+}
+
+/// A step's loss terms and its rollout metrics.
+#[derive(Default)]
+pub struct StepOutput {
+    pub terms: Vec<LossTerm>,
+    pub metrics: StepMetrics,
+}
+
+impl StepOutput {
+    /// The policy-gradient term's rows (empty when the step returned none).
+    pub fn pg_rows(&self) -> &[PgRow] {
+        self.terms
+            .iter()
+            .find_map(|t| match t {
+                LossTerm::Pg { rows, .. } => Some(rows.as_slice()),
+                _ => None,
+            })
+            .unwrap_or(&[])
+    }
+
+    /// The policy-gradient term's own normaliser, if the method set one.
+    pub fn pg_normaliser(&self) -> Option<Normaliser> {
+        self.terms.iter().find_map(|t| match t {
+            LossTerm::Pg { normaliser, .. } => *normaliser,
+            _ => None,
+        })
+    }
+}
+
+/// A retriever for rollouts without the tool (no-tool paths never search).
+pub struct NoTool;
+
+impl Retriever for NoTool {
+    fn search(&self, queries: &[String], _k: usize) -> Result<Vec<Vec<Hit>>, knowrl_retrieval::RetrievalError> {
+        Ok(vec![vec![]; queries.len()])
+    }
+    fn len(&self) -> usize {
+        0
+    }
+}
+
+/// The seed of rollout row `row` at `step`: a resumed run repeats exactly what the
+/// uninterrupted one would have sampled.
+pub fn row_seed(seed: u64, step: u64, row: usize) -> u64 {
+    seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (row as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+}
+
+impl StepCtx<'_> {
+    /// `per` copies of each task's `which` prompt (token ids) and the task index of each row.
+    pub fn replicate(
+        &self,
+        tasks: &[&Task],
+        per: usize,
+        which: impl Fn(&Task) -> &Prompt,
+    ) -> knowrl_engine::Result<(Vec<Vec<u32>>, Vec<usize>)> {
+        let (mut prompts, mut group) = (vec![], vec![]);
+        for (k, t) in tasks.iter().enumerate() {
+            let ids = which(t).ids(self.tok)?;
+            for _ in 0..per {
+                prompts.push(ids.clone());
+                group.push(k);
+            }
+        }
+        Ok((prompts, group))
+    }
+
+    /// Samples one trajectory per prompt with `policy`; `tools = false` is a single turn with no
+    /// retrieval. Row j (counted from `first_row`) uses the step's j-th generator.
+    pub fn rollout_with(
+        &self,
+        policy: &Policy,
+        prompts: &[Vec<u32>],
+        tools: bool,
+        first_row: usize,
+    ) -> knowrl_engine::Result<Vec<Trajectory>> {
+        let r = self.rollout;
+        let turns = if tools { r.max_turns } else { 1 };
+        let agent = AgentConfig { max_turns: turns, ..r.agent(r.temperature) };
+        let mut rngs: Vec<Rng> =
+            (0..prompts.len()).map(|j| Rng::new(row_seed(self.seed, self.step, first_row + j))).collect();
+        let retriever: &dyn Retriever = if tools { self.retriever } else { &NoTool };
+        rollout(&policy.lm, self.tok, prompts, retriever, &agent, &mut rngs)
+    }
+
+    pub fn rollout(
+        &self,
+        prompts: &[Vec<u32>],
+        tools: bool,
+        first_row: usize,
+    ) -> knowrl_engine::Result<Vec<Trajectory>> {
+        self.rollout_with(self.policy, prompts, tools, first_row)
+    }
+
+    /// The configured reward of each trajectory against its task's gold answers.
+    pub fn rewards(&self, trajs: &[Trajectory], tasks: &[&Task], group: &[usize]) -> Vec<f64> {
+        trajs.iter().zip(group).map(|(t, &k)| reward(self.reward.name, t.answer.as_deref(), &tasks[k].golden)).collect()
+    }
+}
+
+/// Whether a trajectory's answer is one of its task's gold answers (exact match, normalised).
+pub fn correct(t: &Trajectory, task: &Task) -> bool {
+    t.is_correct(&task.golden)
+}
+
+/// Rollout figures of a set of trajectories (reward, EM, tool calls, response length).
+pub fn rollout_metrics(trajs: &[Trajectory], rewards: &[f64], tasks: &[&Task], group: &[usize]) -> StepMetrics {
+    let n = trajs.len().max(1) as f64;
+    let em = trajs.iter().zip(group).filter(|(t, &k)| correct(t, tasks[k])).count() as f64;
+    StepMetrics {
+        reward: rewards.iter().sum::<f64>() / n,
+        em: em / n,
+        tool_calls: trajs.iter().map(|t| t.tool_calls() as f64).sum::<f64>() / n,
+        response_len: trajs.iter().map(|t| mask_len(&t.loss_mask)).sum::<f64>() / n,
+        ..Default::default()
+    }
+}

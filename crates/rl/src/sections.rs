@@ -1,0 +1,189 @@
+//! The sections of a `knowrl train` TOML that every method shares (model, data, rollout,
+//! algorithm, optim, run, reward). A method's own section lives in its file; `config` puts
+//! them together. Unknown fields are rejected with their name (serde `deny_unknown_fields`).
+use crate::advantage::Normalisation;
+use crate::loss::{Aggregation, KlEstimator};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSection {
+    /// em (default) | f1 | em_format (−1 without an answer, AKBE).
+    #[serde(default)]
+    pub name: crate::reward::RewardKind,
+    /// OTC-PO-style shaping of the agent's reward: × r_tool(m, n), n = the group's fewest calls
+    /// among correct responses (the reward-shaping baseline AKBE argues against).
+    #[serde(default)]
+    pub tool_productivity: bool,
+    /// OTC's smoothing constant c.
+    #[serde(default = "default_otc_c")]
+    pub otc_c: f64,
+}
+
+fn default_otc_c() -> f64 {
+    1.0
+}
+
+impl Default for RewardSection {
+    fn default() -> Self {
+        RewardSection { name: Default::default(), tool_productivity: false, otc_c: default_otc_c() }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// HF model directory of the policy.
+    pub path: PathBuf,
+    /// Optional LoRA (base frozen; adapters off = the KL reference).
+    #[serde(default)]
+    pub lora: Option<knowrl_engine::LoraConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// A world directory (`knowrl world build`): questions.jsonl, corpus.jsonl, encoder/.
+    pub world: PathBuf,
+    /// agent (questions, searched through the world's retriever) | context (scenario items
+    /// with their given context: Knowledgeable-R1's training data).
+    #[serde(default)]
+    pub suite: Suite,
+    /// Scenarios trained on when `suite = "context"` (ConFiQA-style mix of correct and
+    /// counterfactual contexts by default).
+    #[serde(default = "default_scenarios")]
+    pub scenarios: Vec<String>,
+    /// `suite = "jsonl"`: a FlashRAG (`{"id","question","golden_answers"}`) or Search-R1
+    /// (`{"prompt":[…], "reward_model":{"ground_truth":{"target":[…]}}}`) file, jsonl or parquet
+    /// (by extension: Search-R1's `train.parquet` / `test.parquet` load as they are).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// `suite = "jsonl"`: an index directory from `knowrl index build` (BM25 / dense / hybrid);
+    /// without it the world's retriever is used.
+    #[serde(default)]
+    pub index: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Suite {
+    #[default]
+    Agent,
+    Context,
+    /// Real QA data from `data.path` with Search-R1's agent prompt.
+    Jsonl,
+}
+
+fn default_scenarios() -> Vec<String> {
+    vec!["S1".into(), "S2".into()]
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Prompts per step.
+    pub prompts_per_step: usize,
+    /// Responses per prompt (the GRPO group).
+    pub group_size: usize,
+    pub max_turns: usize,
+    pub topk: usize,
+    pub max_tokens_per_turn: usize,
+    pub temperature: f64,
+    /// How retrieved passages are shown to the policy: `search_r1` (`<information>Doc 1(Title:
+    /// …) …</information>`), `verl` (verl's search tool) or `akbe` (` <result>\nPage 1: …\n</result>`,
+    /// AKBE's released tool, with its `<result>`-tag prompt).
+    #[serde(default)]
+    pub observation_format: knowrl_retrieval::format::PassageStyle,
+}
+
+impl RolloutSection {
+    /// The agent loop's settings for this section at `temperature`.
+    pub fn agent(&self, temperature: f64) -> crate::agent::AgentConfig {
+        let mut a = crate::agent::AgentConfig::new(self.max_turns, self.topk, self.max_tokens_per_turn, temperature);
+        a.style = self.observation_format;
+        a
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    Grpo,
+    Dapo,
+    Gspo,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AlgorithmSection {
+    pub name: Algorithm,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// 0 = no KL term.
+    #[serde(default)]
+    pub kl_coef: f64,
+    #[serde(default = "default_kl")]
+    pub kl_estimator: KlEstimator,
+    pub aggregation: Aggregation,
+    pub normalisation: Normalisation,
+    /// Skip the forward/backward of rows whose advantage (or objective weight) is exactly 0
+    /// when there is no KL term: they add nothing to the gradient, and the loss is divided by
+    /// the whole batch's tokens/sequences either way, so the update is the same (tested).
+    /// Entropy and clip fraction are then averaged over the rows that were scored.
+    #[serde(default = "default_true")]
+    pub skip_zero_advantage: bool,
+    /// Policy-gradient rows (responses) per optimiser step: each epoch deals the batch's rows,
+    /// in a seeded random order, into mini-batches of this size, one clip + AdamW step each
+    /// (PPO; verl's `ppo_mini_batch_size`, which counts prompts × n). The papers' setups make
+    /// 2 (Search-R1, 512/256), 4 (Knowledgeable-R1, 512/128) or 8 (AKBE 64/8, BRIDGE 512/64)
+    /// steps per batch. 0 = the whole batch in one step.
+    #[serde(default)]
+    pub ppo_mini_batch: usize,
+    /// Passes over each rollout batch (verl's `ppo_epochs`); π_old stays the rollout policy.
+    #[serde(default = "default_one")]
+    pub ppo_epochs: usize,
+}
+
+fn default_one() -> usize {
+    1
+}
+
+fn default_kl() -> KlEstimator {
+    KlEstimator::LowVar
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OptimSection {
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub max_grad_norm: f64,
+    /// Responses per forward/backward (gradients accumulate over micro-batches).
+    pub micro_batch: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    pub steps: u64,
+    pub seed: u64,
+    pub out_dir: PathBuf,
+    /// Checkpoint every N steps (0 = only at the end).
+    pub checkpoint_every: u64,
+    /// Greedy evaluation on the validation split every N steps (0 = never), appended to
+    /// `<out_dir>/eval.jsonl` (agent suite: EM/TC/TP; context suite: S1–S5 EM).
+    #[serde(default)]
+    pub eval_every: u64,
+    /// Validation questions per periodic evaluation (0 = all).
+    #[serde(default = "default_eval_limit")]
+    pub eval_limit: usize,
+}
+
+fn default_eval_limit() -> usize {
+    100
+}
