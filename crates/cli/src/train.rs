@@ -21,9 +21,15 @@ pub struct Args {
     /// Continue from the latest checkpoint in the run's out_dir.
     #[arg(long)]
     pub resume: bool,
-    /// Export the trained policy as a plain HF directory here at the end.
+    /// Export the trained policy as a plain HF directory here at the end (LoRA merged).
     #[arg(long)]
     pub export: Option<PathBuf>,
+    /// Export the run's LoRA as a PEFT adapter directory here at the end (for `peft`, vLLM's
+    /// LoRA loading, or `knowrl` itself); on the world policy it holds the knowledge adapter and
+    /// the run's LoRA stacked, for the plain base. With `--resume` on a finished run it exports
+    /// the latest checkpoint.
+    #[arg(long)]
+    pub export_adapter: Option<PathBuf>,
 }
 
 /// The training tasks a config asks for (train split of the world).
@@ -203,6 +209,10 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(out) = a.export {
         policy.export_hf(&out, tch::Kind::Float)?;
         println!("exported {}", out.display());
+    }
+    if let Some(out) = a.export_adapter {
+        policy.export_adapter(&out)?;
+        println!("exported the LoRA as a PEFT adapter: {}", out.display());
     }
     if let (Some(first), Some(last)) = (metrics.first(), metrics.last()) {
         println!(

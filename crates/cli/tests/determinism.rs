@@ -1,7 +1,7 @@
 //! Two processes with the same config and seed write the same metrics: a BRIDGE run (fresh
 //! LoRA on the policy and on the retriever's query encoder, both drawn from seeded generators;
 //! two-state estimator) on the tiny world, twice. Timings and the peak-memory probe differ by
-//! nature and are left out.
+//! nature and are left out. Each run also exports its LoRA as a PEFT adapter (`--export-adapter`).
 use std::path::Path;
 use std::process::Command;
 
@@ -76,13 +76,19 @@ fn two_processes_with_the_same_seed_write_the_same_metrics() {
         std::fs::create_dir_all(&out).unwrap();
         let file = base.join(format!("{name}.toml"));
         std::fs::write(&file, config(&out)).unwrap();
+        let adapter = base.join(format!("{name}-adapter"));
         let st = Command::new(env!("CARGO_BIN_EXE_knowrl"))
-            .args(["train", "--config", file.to_str().unwrap()])
+            .args(["train", "--config", file.to_str().unwrap(), "--export-adapter", adapter.to_str().unwrap()])
             .env("OMP_NUM_THREADS", "1")
             .output()
             .unwrap();
         assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
         runs.push(metrics(&out));
+        // The run's LoRA as a PEFT adapter directory, for the tiny policy as its base.
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+        assert_eq!((cfg["peft_type"].as_str(), cfg["r"].as_i64()), (Some("LORA"), Some(4)));
+        assert!(adapter.join("adapter_model.safetensors").is_file() && adapter.join("knowrl_base.json").is_file());
     }
     assert_eq!(runs[0].len(), 2);
     assert!(runs[0][1]["extra"]["retriever_l_rag"].as_f64().is_some(), "the retriever was updated");

@@ -104,9 +104,8 @@ pub fn resolve_base(dir: &Path) -> Result<PathBuf> {
     Ok(base)
 }
 
-/// Merges the adapter in `dir` into `params` (the base's named weights): W += (α/r)·B·A for
-/// every adapted module. Every adapter tensor must match a base weight's shape.
-pub fn merge_into(dir: &Path, params: &HashMap<String, Tensor>) -> Result<()> {
+/// The adapter's config and tensors, named as knowrl names them (PEFT's prefix removed).
+pub fn read_lora(dir: &Path) -> Result<(LoraConfig, HashMap<String, Tensor>)> {
     let cfg = read_config(dir)?;
     let file = dir.join(WEIGHTS);
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
@@ -121,6 +120,55 @@ pub fn merge_into(dir: &Path, params: &HashMap<String, Tensor>) -> Result<()> {
         tensors.insert(n.to_string(), t);
         Ok(())
     })?;
+    Ok((cfg, tensors))
+}
+
+/// Two LoRAs on the same base as one PEFT adapter with the same effect: rank r₁ + r₂, α = rank
+/// (scale 1), A = [A₁; A₂] and B = [(α₁/r₁)·B₁, (α₂/r₂)·B₂], so B·A = Δ₁ + Δ₂; a module only one of
+/// them adapts gets zero rows from the other. Tensors are named as knowrl names them.
+pub fn stack(
+    first: (&LoraConfig, &HashMap<String, Tensor>),
+    second: (&LoraConfig, &HashMap<String, Tensor>),
+) -> (LoraConfig, Vec<(String, Tensor)>) {
+    let rank = first.0.rank + second.0.rank;
+    let modules: std::collections::BTreeSet<String> = [first.1, second.1]
+        .iter()
+        .flat_map(|t| t.keys().filter_map(|k| k.strip_suffix(".lora_A.weight").map(String::from)))
+        .collect();
+    let mut out = vec![];
+    for m in &modules {
+        let (a_name, b_name) = (format!("{m}.lora_A.weight"), format!("{m}.lora_B.weight"));
+        // (in, out) of the module, from whichever adapter has it.
+        let (din, dout) = [first.1, second.1]
+            .iter()
+            .find_map(|t| Some((t.get(&a_name)?.size()[1], t.get(&b_name)?.size()[0])))
+            .expect("a module listed from the adapters' names");
+        let part = |(c, t): (&LoraConfig, &HashMap<String, Tensor>)| {
+            let scale = c.alpha / c.rank as f64;
+            match (t.get(&a_name), t.get(&b_name)) {
+                (Some(a), Some(b)) => (a.to_kind(tch::Kind::Float), b.to_kind(tch::Kind::Float) * scale),
+                _ => (
+                    Tensor::zeros([c.rank, din], (tch::Kind::Float, tch::Device::Cpu)),
+                    Tensor::zeros([dout, c.rank], (tch::Kind::Float, tch::Device::Cpu)),
+                ),
+            }
+        };
+        let ((a1, b1), (a2, b2)) = tch::no_grad(|| (part(first), part(second)));
+        out.push((a_name, Tensor::cat(&[a1, a2], 0)));
+        out.push((b_name, Tensor::cat(&[b1, b2], 1)));
+    }
+    let names = |c: &LoraConfig| c.target_modules.clone();
+    let mut targets: Vec<String> = names(first.0).into_iter().chain(names(second.0)).collect();
+    targets.sort();
+    targets.dedup();
+    (LoraConfig { rank, alpha: rank as f64, dropout: 0.0, target_modules: targets }, out)
+}
+
+/// Merges the adapter in `dir` into `params` (the base's named weights): W += (α/r)·B·A for
+/// every adapted module. Every adapter tensor must match a base weight's shape.
+pub fn merge_into(dir: &Path, params: &HashMap<String, Tensor>) -> Result<()> {
+    let file = dir.join(WEIGHTS);
+    let (cfg, tensors) = read_lora(dir)?;
     let scale = cfg.alpha / cfg.rank as f64;
     let mut merged = 0;
     for (name, a) in &tensors {

@@ -135,6 +135,33 @@ impl Policy {
     /// Writes a plain transformers directory: merged weights in `dtype`, config.json with every
     /// original field, and the tokenizer files. Built in a sibling temp directory and renamed
     /// into place, so a crash never leaves a half-exported model.
+    /// Writes the run's LoRA as a PEFT adapter directory (loadable by `peft`, vLLM's LoRA
+    /// loading and [`Policy::load`]) for the base model. A policy loaded from an adapter
+    /// directory (the world's knowledge adapter) exports both adapters stacked into one
+    /// ([`crate::adapter::stack`]), so the directory applies to the plain base.
+    pub fn export_adapter(&self, out: &Path) -> Result<()> {
+        let cfg = self.lora.as_ref().ok_or_else(|| {
+            EngineError::Invalid(format!("{}: the policy has no LoRA to export as an adapter", out.display()))
+        })?;
+        let own: Vec<(String, Tensor)> =
+            self.trainable_parameters().into_iter().filter(|(n, _)| is_lora_param(n)).collect();
+        match &self.adapter {
+            None => {
+                let base = self
+                    .dir
+                    .as_ref()
+                    .ok_or_else(|| EngineError::Invalid("the policy has no model directory".into()))?;
+                crate::adapter::save(out, cfg, &own, base)
+            }
+            Some(first) => {
+                let (first_cfg, first_tensors) = crate::adapter::read_lora(first)?;
+                let own: std::collections::HashMap<String, Tensor> = own.into_iter().collect();
+                let (stacked, tensors) = crate::adapter::stack((&first_cfg, &first_tensors), (cfg, &own));
+                crate::adapter::save(out, &stacked, &tensors, &crate::adapter::resolve_base(first)?)
+            }
+        }
+    }
+
     pub fn export_hf(&self, out: &Path, dtype: Kind) -> Result<()> {
         let tmp = out.with_extension(format!("tmp{}", std::process::id()));
         if tmp.exists() {

@@ -133,3 +133,49 @@ fn a_broken_or_mismatched_adapter_names_its_file() {
     let e = err(&bad_config);
     assert!(e.contains(adapter::CONFIG) && e.contains("`r`"), "{e}");
 }
+
+/// A run's LoRA on top of a knowledge adapter exports as one PEFT adapter for the plain base
+/// (both stacked, different targets and ranks): peft applies it with the same logits as the
+/// trained policy, and it loads back here the same.
+#[test]
+fn a_run_lora_on_an_adapter_exports_stacked_for_peft() {
+    tch::set_num_threads(2);
+    let tmp = tmpdir("adapter-export");
+    let knowledge = tmp.join("knowledge");
+    trained_adapter(&knowledge);
+    let run = LoraConfig { rank: 2, alpha: 4.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "up_proj".into()] };
+    let trained = Policy::load(&knowledge, &LoadOptions { lora: Some(run), seed: 3, ..Default::default() }).unwrap();
+    tch::manual_seed(12);
+    tch::no_grad(|| {
+        for (name, mut t) in trained.trainable_parameters() {
+            if name.contains("lora_B") {
+                t.copy_(&(tch::Tensor::randn_like(&t) * 0.02));
+            }
+        }
+    });
+    let out = tmp.join("exported");
+    trained.export_adapter(&out).unwrap();
+    let (cfg, _) = adapter::read_lora(&out).unwrap();
+    assert_eq!((cfg.rank, cfg.target_modules.len()), (6, 4), "ranks 4 + 2, targets q/v/down ∪ q/up");
+    let tok = trained.tokenizer().unwrap();
+    let prompts = vec![tok.encode("The capital of Vobilford is", false).unwrap()];
+    let want = knowrl_engine::generate::full_logits(&trained.lm, &prompts);
+    let scale = want.abs().max().double_value(&[]).max(1.0);
+    let peft_out = tmp.join("peft.safetensors");
+    run_reference(
+        &json!([{ "kind": "peft", "base": real_model("smollm2-135m-instruct"), "adapter": out,
+                  "prompts": prompts, "out": peft_out }]),
+        &tmp,
+    );
+    let theirs = &read_all(&peft_out).unwrap()["logits.0"];
+    let n = prompts[0].len() as i64;
+    let d = max_abs_diff(&want.get(0).narrow(0, 0, n), theirs);
+    println!("trained policy vs peft on the exported adapter: max |Δ| {d:.2e} (max |logit| {scale:.1})");
+    assert!(d <= 1e-4 * scale, "{d}");
+    let back = Policy::load(&out, &LoadOptions::default()).unwrap();
+    let d = max_abs_diff(&knowrl_engine::generate::full_logits(&back.lm, &prompts), &want);
+    assert!(d <= 1e-4 * scale, "exported adapter loaded here: {d}");
+    // The run's own LoRA matters: the knowledge adapter alone gives other logits.
+    let alone = Policy::load(&knowledge, &LoadOptions::default()).unwrap();
+    assert!(max_abs_diff(&knowrl_engine::generate::full_logits(&alone.lm, &prompts), &want) > 1e-3);
+}
