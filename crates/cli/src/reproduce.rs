@@ -108,8 +108,8 @@ fn run_arms<T>(base: &TrainConfig, arms: &[Arm], a: &Args, method: &str, eval: E
         let (mut evals, mut step_s) = (vec![], vec![]);
         for seed in 1..=seeds {
             let mut cfg = base.clone();
-            (arm.edit)(&mut cfg);
             cfg.run.seed = seed;
+            (arm.edit)(&mut cfg);
             cfg.run.out_dir = PathBuf::from(format!("runs/reproduce-{method}/{}-seed{seed}", slug(arm.label)));
             cfg.validate().map_err(anyhow::Error::msg)?;
             let policy = load(&cfg)?;
@@ -356,7 +356,14 @@ fn akbe(a: Args) -> Result<()> {
         arm("w/o Efficiency", true, only(&[ToolDependent, Hallucination])),
         arm("w/o Hallucination", true, only(&[ToolDependent, Efficiency])),
         arm("w/ Tool-dependent only", true, only(&[ToolDependent])),
-        arm("Offline AKBE", true, |c| akbe_of(c).signals = Signals::Offline),
+        // The paper's offline variant: signals from a fixed GRPO-trained checkpoint (this seed's
+        // GRPO row, trained above), not from the starting policy.
+        arm("Offline AKBE (GRPO checkpoint)", true, |c| {
+            let ckpt = PathBuf::from(format!("runs/reproduce-akbe/{}-seed{}/checkpoints", slug("GRPO"), c.run.seed));
+            let a = akbe_of(c);
+            a.signals = Signals::Offline;
+            a.signals_checkpoint = Some(ckpt);
+        }),
         arm("AKBE, DPO variant (Appendix C)", true, |c| akbe_of(c).objective = knowrl_rl::akbe::Objective::Dpo),
         arm("GRPO + OTC reward", true, move |c| {
             plain(c);

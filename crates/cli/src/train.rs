@@ -50,9 +50,18 @@ pub fn tasks(cfg: &TrainConfig) -> Result<Vec<Task>> {
     Ok(t)
 }
 
-/// A frozen copy of the starting weights, when something needs it and LoRA cannot provide it.
+/// A frozen copy of the starting weights, when something needs it and LoRA cannot provide it;
+/// or of a checkpoint of this run's model, when the method names one (offline AKBE).
 pub fn reference(cfg: &TrainConfig) -> Result<Option<Policy>> {
-    let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || cfg.method.spec().needs_reference();
+    let spec = cfg.method.spec();
+    if let Some(dir) = spec.reference_checkpoint() {
+        let step = knowrl_engine::checkpoint::resolve(&dir)?;
+        let p = load(cfg)?;
+        knowrl_engine::checkpoint::load_params(&step, &p.trainable_parameters())
+            .with_context(|| format!("loading the reference checkpoint {}", step.display()))?;
+        return Ok(Some(p));
+    }
+    let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || spec.needs_reference();
     Ok(if needs { Some(Policy::load(&cfg.model.path, &LoadOptions::default())?) } else { None })
 }
 

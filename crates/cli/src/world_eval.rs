@@ -74,12 +74,18 @@ fn unseen_world_s1(policy: &Policy, world: &std::path::Path) -> Result<(f64, usi
 /// The share of `samples`-sample groups at temperature 1 whose EM rewards are not all equal
 /// (a GRPO group with equal rewards has zero advantage: no gradient), on the validation split's
 /// agent suite and its S1+S2 context items.
+/// The share of 8-sample groups at T = 1 whose rewards are not all equal (validation split), on
+/// the agent suite and on the S1+S2 context suite (returned), plus into `report`: the share of
+/// Knowledgeable-R1's joint groups (half without the context, half with it) that mix, and the
+/// context suite's ceiling for a policy that reads correct contexts right every time (the S2
+/// items it knows, the only ones whose with-context answers can disagree).
 fn mixed_group_shares(
     policy: &Policy,
     retriever: &dyn Retriever,
     questions: &[Question],
     scenarios: &[ScenarioItem],
     samples: usize,
+    report: &mut serde_json::Map<String, Value>,
 ) -> Result<(f64, f64)> {
     let mixed = |ok: &[bool]| {
         let groups: Vec<&[bool]> = ok.chunks(samples).collect();
@@ -96,27 +102,53 @@ fn mixed_group_shares(
     let items: Vec<&ScenarioItem> =
         scenarios.iter().filter(|s| s.split == Split::Valid && matches!(s.scenario.as_str(), "S1" | "S2")).collect();
     let tok = policy.tokenizer()?;
-    let mut ok = vec![];
-    for chunk in items.chunks(8) {
-        let ids: Vec<Vec<u32>> = chunk
-            .iter()
-            .flat_map(|s| std::iter::repeat_n(Prompt::user(prompts::with_context(&s.question, &s.context)), samples))
-            .map(|p| p.ids(tok))
-            .collect::<Result<_, _>>()?;
-        let params = knowrl_engine::SamplingParams {
-            temperature: 1.0,
-            stop: vec!["</answer>".into()],
-            ..knowrl_engine::SamplingParams::greedy(ANSWER_TOKENS)
-        };
-        let seeds: Vec<u64> = (0..ids.len() as u64).collect();
-        let gens =
-            knowrl_engine::generate::generate(&policy.lm, Some(tok), &ids, &params, &seeds, &tok.eos_ids, tok.pad_id)?;
-        for (i, g) in gens.iter().enumerate() {
-            let text = tok.decode(&g.tokens, true)?;
-            let answer = knowrl_rl::reward::extract_answer(&text).unwrap_or_default();
-            ok.push(exact_match(&answer, &chunk[i / samples].golden_answers));
+    let params = knowrl_engine::SamplingParams {
+        temperature: 1.0,
+        stop: vec!["</answer>".into()],
+        ..knowrl_engine::SamplingParams::greedy(ANSWER_TOKENS)
+    };
+    // Correctness of `samples` answers per item under `prompt`, sampled at T = 1.
+    let sampled = |prompt: &dyn Fn(&ScenarioItem) -> String, seed0: u64| -> Result<Vec<bool>> {
+        let mut ok = vec![];
+        for chunk in items.chunks(8) {
+            let ids: Vec<Vec<u32>> = chunk
+                .iter()
+                .flat_map(|s| std::iter::repeat_n(Prompt::user(prompt(s)), samples))
+                .map(|p| p.ids(tok))
+                .collect::<Result<_, _>>()?;
+            let seeds: Vec<u64> = (0..ids.len() as u64).map(|i| seed0 + i).collect();
+            let gens = knowrl_engine::generate::generate(
+                &policy.lm,
+                Some(tok),
+                &ids,
+                &params,
+                &seeds,
+                &tok.eos_ids,
+                tok.pad_id,
+            )?;
+            for (i, g) in gens.iter().enumerate() {
+                let text = tok.decode(&g.tokens, true)?;
+                let answer = knowrl_rl::reward::extract_answer(&text).unwrap_or_default();
+                ok.push(exact_match(&answer, &chunk[i / samples].golden_answers));
+            }
         }
-    }
+        Ok(ok)
+    };
+    let ok = sampled(&|s| prompts::with_context(&s.question, &s.context), 0)?;
+    // Knowledgeable-R1's joint group: half the samples without the context (p), half with it
+    // (p′); S2 items the policy knows mix here even when every with-context answer follows
+    // the counterfactual context.
+    let no_ctx = sampled(&|s| prompts::query_only(&s.question), 1 << 32)?;
+    let half = samples / 2;
+    let joint: Vec<bool> = (0..items.len())
+        .flat_map(|q| {
+            let (c, p) = (&ok[q * samples..q * samples + half], &no_ctx[q * samples..q * samples + (samples - half)]);
+            c.iter().chain(p).copied().collect::<Vec<_>>()
+        })
+        .collect();
+    let s2_pk = items.iter().filter(|s| s.scenario == "S2" && s.pk_answerable).count();
+    report.insert("mixed_group_share_context_bound".into(), json!((s2_pk as f64) / items.len().max(1) as f64));
+    report.insert("mixed_group_share_joint".into(), json!(mixed(&joint)));
     Ok((agent, mixed(&ok)))
 }
 
@@ -268,7 +300,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     report.insert("unseen_world_s1_n".into(), json!(unseen_n));
     if a.explore_samples > 1 {
         let (agent_share, context_share) =
-            mixed_group_shares(&policy, &retriever, &questions, &scenarios, a.explore_samples)?;
+            mixed_group_shares(&policy, &retriever, &questions, &scenarios, a.explore_samples, &mut report)?;
         report.insert("mixed_group_share_agent".into(), json!(agent_share));
         report.insert("mixed_group_share_context".into(), json!(context_share));
     }
@@ -308,6 +340,8 @@ pub fn run(a: EvalArgs) -> Result<()> {
         "unseen_world_s1_em",
         "mixed_group_share_agent",
         "mixed_group_share_context",
+        "mixed_group_share_context_bound",
+        "mixed_group_share_joint",
     ] {
         // The explore shares are absent when `--explore-samples 0` skips them.
         if let Some(v) = report.get(k) {

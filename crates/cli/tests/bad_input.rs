@@ -55,3 +55,28 @@ fn a_bad_train_config_is_named_and_exits_2() {
     assert!(err.contains("akbe.toml") && err.contains("method.k"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_missing_signals_checkpoint_is_named_and_exits_2() {
+    let dir = std::env::temp_dir().join(format!("knowrl-bad-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let text = std::fs::read_to_string(root.join("configs/world-akbe.toml")).unwrap();
+    let text = text
+        .replace(
+            "path = \"assets/world/policy\"",
+            &format!("path = \"{}\"", root.join("assets/world/policy").display()),
+        )
+        .replace("world = \"assets/world\"", &format!("world = \"{}\"", root.join("assets/world").display()))
+        .replacen(
+            "signals = \"online\"",
+            "signals = \"offline\"\nsignals_checkpoint = \"/nonexistent/run/checkpoints\"",
+            1,
+        );
+    let file = dir.join("offline.toml");
+    std::fs::write(&file, text).unwrap();
+    let (code, err) = knowrl(&["train", "--config", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/nonexistent/run/checkpoints"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

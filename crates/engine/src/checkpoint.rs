@@ -69,9 +69,27 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(root.join(name.trim())))
 }
 
-/// Verifies every file against the manifest, then loads parameters and optimiser state in
-/// place. Returns the trainer state saved with it and the step.
-pub fn load(dir: &Path, params: &[(String, Tensor)], opt: &mut AdamW) -> Result<(u64, Value)> {
+/// `dir` itself when it is a checkpoint (`step-N`), else the checkpoint its `latest` points to
+/// (a run's `checkpoints` directory); an error naming `dir` otherwise.
+pub fn resolve(dir: &Path) -> Result<PathBuf> {
+    if dir.join("manifest.json").is_file() {
+        return Ok(dir.to_path_buf());
+    }
+    match latest(dir)? {
+        Some(d) => Ok(d),
+        None => Err(EngineError::io(
+            dir,
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not a checkpoint (no manifest.json) nor a checkpoints directory (no latest)",
+            ),
+        )),
+    }
+}
+
+/// Verifies every file of the checkpoint against its manifest and loads the parameters in place
+/// (the optimiser state is left alone: a frozen copy of a run's policy at that step).
+pub fn load_params(dir: &Path, params: &[(String, Tensor)]) -> Result<()> {
     let manifest = read_json(&dir.join("manifest.json"))?;
     let with_method = manifest.get(METHOD_FILE).is_some();
     for f in FILES.iter().copied().chain(with_method.then_some(METHOD_FILE)) {
@@ -87,7 +105,13 @@ pub fn load(dir: &Path, params: &[(String, Tensor)], opt: &mut AdamW) -> Result<
     }
     let named: std::collections::HashMap<String, Tensor> =
         params.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-    weights::load_into(&[dir.join(FILES[0])], &named, |_| false, |_| false)?;
+    weights::load_into(&[dir.join(FILES[0])], &named, |_| false, |_| false)
+}
+
+/// Verifies every file against the manifest, then loads parameters and optimiser state in
+/// place. Returns the trainer state saved with it and the step.
+pub fn load(dir: &Path, params: &[(String, Tensor)], opt: &mut AdamW) -> Result<(u64, Value)> {
+    load_params(dir, params)?;
     let state = read_json(&dir.join(FILES[2]))?;
     let steps = state.get("optimizer_steps").and_then(Value::as_u64).unwrap_or(0);
     opt.load_state_tensors(weights::read_all(&dir.join(FILES[1]))?, steps)?;

@@ -11,10 +11,15 @@ use knowrl_retrieval::Retriever;
 /// Search-R1's observation for a turn with neither a search nor an answer.
 pub const INVALID_ACTION: &str = "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n";
 
+/// Search-R1's `max_obs_length` (its v0.2 scripts).
+pub const SEARCH_R1_MAX_OBS_TOKENS: usize = 500;
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub max_turns: usize,
     pub topk: usize,
+    /// An observation (the `<information>` block) is cut to its first this many tokens
+    /// (Search-R1's `max_obs_length`).
     pub max_obs_tokens: usize,
     pub sampling: SamplingParams,
     pub style: PassageStyle,
@@ -25,7 +30,7 @@ impl AgentConfig {
         AgentConfig {
             max_turns,
             topk,
-            max_obs_tokens: 400,
+            max_obs_tokens: SEARCH_R1_MAX_OBS_TOKENS,
             sampling: SamplingParams {
                 temperature,
                 max_new_tokens: max_tokens_per_turn,

@@ -48,9 +48,12 @@ impl Category {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "snake_case")]
 pub enum TargetRule {
-    /// Released code: the shortest correct trajectory (fewest tokens), for every category.
+    /// Released code: the shortest correct trajectory for every category, counted in
+    /// attention-mask tokens (tool results included, so each extra call costs its results).
     #[default]
     Shortest,
+    /// The shortest correct trajectory counted in generated tokens only (tool results excluded).
+    ShortestGenerated,
     /// Paper §4.2: fewest tool calls with a random tie-break (tool-dependent); a random correct
     /// no-tool trajectory (efficiency, hallucination).
     FewestCallsRandom,
@@ -106,6 +109,14 @@ pub struct AkbeConfig {
     pub objective: Objective,
     /// DPO's β (Appendix C variant).
     pub dpo_beta: f64,
+    /// Offline AKBE: the checkpoint whose policy builds the signals (a run's `checkpoints`
+    /// directory, its `latest` step, or one `step-N` directory; the paper's "fixed GRPO-trained
+    /// checkpoint"). Unset: the starting policy.
+    pub signals_checkpoint: Option<std::path::PathBuf>,
+    /// Generated tokens the no-tool path may use. 0 (default): the with-tool path's whole
+    /// generation budget (`max_turns × max_tokens_per_turn`), as the released code gives both
+    /// paths one response budget (6,192 tokens).
+    pub no_tool_max_tokens: usize,
 }
 
 impl Default for AkbeConfig {
@@ -120,6 +131,18 @@ impl Default for AkbeConfig {
             signals: Signals::Online,
             objective: Objective::Ce,
             dpo_beta: 0.1,
+            signals_checkpoint: None,
+            no_tool_max_tokens: 0,
+        }
+    }
+}
+
+impl AkbeConfig {
+    /// The no-tool path's generation budget (see `no_tool_max_tokens`).
+    pub fn no_tool_budget(&self, rollout: &RolloutSection) -> usize {
+        match self.no_tool_max_tokens {
+            0 => rollout.max_turns * rollout.max_tokens_per_turn,
+            n => n,
         }
     }
 }
@@ -129,9 +152,14 @@ impl MethodSpec for AkbeConfig {
         Box::new(Akbe { cfg: self.clone(), offline: OfflineSignals::default() })
     }
 
-    /// Offline signals come from the frozen starting policy; DPO scores against it.
+    /// Offline signals come from a frozen policy (the starting one, or `signals_checkpoint`'s);
+    /// DPO scores against the same frozen policy.
     fn needs_reference(&self) -> bool {
         self.signals == Signals::Offline || self.objective == Objective::Dpo
+    }
+
+    fn reference_checkpoint(&self) -> Option<std::path::PathBuf> {
+        self.signals_checkpoint.clone()
     }
 
     fn validate(&self, _rollout: &RolloutSection) -> Result<(), String> {
@@ -144,6 +172,12 @@ impl MethodSpec for AkbeConfig {
         if self.categories.contains(&Category::BothWrong) {
             return Err("field `method.categories`: both_wrong has no target".into());
         }
+        if self.signals_checkpoint.is_some() && self.signals != Signals::Offline {
+            return Err("field `method.signals_checkpoint`: needs signals = \"offline\"".into());
+        }
+        if self.signals_checkpoint.is_some() && self.objective == Objective::Dpo {
+            return Err("field `method.signals_checkpoint`: the DPO variant's reference is the starting policy".into());
+        }
         Ok(())
     }
 }
@@ -153,7 +187,10 @@ impl MethodSpec for AkbeConfig {
 pub struct Outcome {
     pub correct: bool,
     pub tool_calls: usize,
+    /// Generated tokens (the loss mask's).
     pub tokens: usize,
+    /// All response tokens, tool results included (the attention mask's, past the prompt).
+    pub all_tokens: usize,
 }
 
 /// Which path and which trajectory of it is the target.
@@ -193,11 +230,12 @@ pub fn select_target(
         return None;
     }
     let random = cfg.target == TargetRule::FewestCallsRandom;
+    let length = |o: &Outcome| if cfg.target == TargetRule::ShortestGenerated { o.tokens } else { o.all_tokens };
     match category {
         Category::ToolDependent if random => pick(wt, |o| o.tool_calls, true, rng).map(Target::WithTool),
-        Category::ToolDependent => pick(wt, |o| o.tokens, false, rng).map(Target::WithTool),
+        Category::ToolDependent => pick(wt, length, false, rng).map(Target::WithTool),
         Category::Efficiency | Category::Hallucination if random => pick(nt, |_| 0, true, rng).map(Target::NoTool),
-        Category::Efficiency | Category::Hallucination => pick(nt, |o| o.tokens, false, rng).map(Target::NoTool),
+        Category::Efficiency | Category::Hallucination => pick(nt, length, false, rng).map(Target::NoTool),
         Category::BothWrong => None,
     }
 }
@@ -228,6 +266,7 @@ fn outcomes(trajs: &[Trajectory], task: &Task) -> Vec<Outcome> {
             correct: correct(t, task),
             tool_calls: t.tool_calls(),
             tokens: mask_len(&t.loss_mask) as usize,
+            all_tokens: t.response.len(),
         })
         .collect()
 }
@@ -292,7 +331,12 @@ fn step(
     let wt_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let (nt_prompts, nt_group) = ctx.replicate(tasks, cfg.n_nt, |t| &t.no_tool)?;
-    let nt = if cfg.signals == Signals::Online { ctx.rollout(&nt_prompts, false, wt.len())? } else { vec![] };
+    let budget = cfg.no_tool_budget(ctx.rollout);
+    let nt = if cfg.signals == Signals::Online {
+        ctx.rollout_once(ctx.policy, &nt_prompts, wt.len(), budget)?
+    } else {
+        vec![]
+    };
     let nt_s = t1.elapsed().as_secs_f64();
 
     // Base RL loss on the with-tool trajectories only (released: no-tool rollouts are teachers only).
@@ -348,7 +392,8 @@ fn outcomes_em(trajs: &[Trajectory], tasks: &[&Task], group: &[usize]) -> f64 {
     trajs.iter().zip(group).filter(|(t, &k)| correct(t, tasks[k])).count() as f64
 }
 
-/// Offline AKBE: the question's signal from the frozen starting checkpoint, computed once.
+/// Offline AKBE: the question's signal from the frozen policy (the starting weights, or the
+/// `signals_checkpoint` the run loaded as its reference), computed once.
 fn offline_signal(
     cfg: &AkbeConfig,
     ctx: &StepCtx,
@@ -361,14 +406,15 @@ fn offline_signal(
         return Ok(s.clone());
     }
     let frozen = ctx.reference.ok_or_else(|| {
-        knowrl_engine::EngineError::Invalid("[method] signals = \"offline\" needs the frozen starting policy".into())
+        knowrl_engine::EngineError::Invalid("[method] signals = \"offline\" needs the frozen policy".into())
     })?;
     // Seeded by the question, not the step: the signal is the same whenever it is first built
     // (so a resumed run rebuilds it identically).
     let seed = task.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
     let frozen_ctx = StepCtx { step: seed, ..*ctx };
     let wt = frozen_ctx.rollout_with(frozen, &vec![wt_prompt.to_vec(); cfg.n_wt], true, 0)?;
-    let nt = frozen_ctx.rollout_with(frozen, &vec![nt_prompt.to_vec(); cfg.n_nt], false, cfg.n_wt)?;
+    let budget = cfg.no_tool_budget(ctx.rollout);
+    let nt = frozen_ctx.rollout_once(frozen, &vec![nt_prompt.to_vec(); cfg.n_nt], cfg.n_wt, budget)?;
     let mut rng = Rng::new(seed);
     let s = signal(cfg, task, wt_prompt, &wt, nt_prompt, &nt, &mut rng);
     cache.0.insert(task.id.clone(), s.clone());

@@ -17,7 +17,7 @@ use crate::update::{LossTerm, PgRow, RagTurn, Sequence};
 use knowrl_engine::score::{score, ScoreRequest};
 use knowrl_engine::Mode;
 use knowrl_retrieval::dense::DenseRetriever;
-use knowrl_retrieval::format::{information_block, PassageStyle};
+use knowrl_retrieval::format::information_block;
 use knowrl_retrieval::Hit;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -279,8 +279,11 @@ fn log_turns(
             .iter()
             .map(|&r| {
                 let p = dense.corpus.get(r);
-                let block =
-                    information_block(&[Hit { id: p.id, contents: p.contents, score: 0.0 }], PassageStyle::SearchR1);
+                // d alone, shown the way the rollout shows results.
+                let block = information_block(
+                    &[Hit { id: p.id, contents: p.contents, score: 0.0 }],
+                    ctx.rollout.observation_format,
+                );
                 let mut prompt = h.clone();
                 prompt.extend(ctx.tok.encode(&block, false)?);
                 Ok(Sequence { prompt, response: answer.clone(), loss_mask: vec![true; answer.len()] })
@@ -380,8 +383,18 @@ fn step(
     let adv = crate::advantage::group_advantages(&rewards, &group, ctx.algorithm.normalisation);
     let mut metrics = rollout_metrics(&trajs, &rewards, tasks, &group);
     let needs_log = update_retriever || (update_policy && cfg.estimator != Estimator::Bridge);
-    let turns = if needs_log && cfg.pipeline != Pipeline::Fixed {
-        log_turns(cfg, ctx, dense, &prompts, &trajs, tasks, &group, &adv)?
+    let logged = needs_log && cfg.pipeline != Pipeline::Fixed;
+    let log = || log_turns(cfg, ctx, dense, &prompts, &trajs, tasks, &group, &adv);
+    let turns = if logged { log()? } else { vec![] };
+    // Two-state: η* keeps its own retrieval logs (its own candidates N_k, ρ_old and p(y|h,d)),
+    // as the paper keeps "the corresponding retrieval logs" for each state; before η*'s first
+    // step it equals η, so its logs are η's.
+    let two_state = cfg.estimator == Estimator::TwoState;
+    let turns_star = if two_state && logged {
+        match adapter.with_second(dense, log) {
+            Some(t) => t?,
+            None => turns.clone(),
+        }
     } else {
         vec![]
     };
@@ -393,9 +406,11 @@ fn step(
     if update_retriever && !turns.is_empty() {
         let base = reset_peak();
         let t0 = Instant::now();
-        // Two-state: also one step of the RAG-only retriever η* (its own values and moments).
-        if cfg.estimator == Estimator::TwoState {
-            adapter.step_second(dense, cfg.retriever_lr, || Ok(retriever_loss(dense, &turns, cfg, (0.0, 1.0))?.0))?;
+        // Two-state: also one step of the RAG-only retriever η* on its own logs (its own values
+        // and moments).
+        if two_state {
+            adapter
+                .step_second(dense, cfg.retriever_lr, || Ok(retriever_loss(dense, &turns_star, cfg, (0.0, 1.0))?.0))?;
         }
         let (loss, j, rag) = retriever_loss(dense, &turns, cfg, cfg.retriever_weights())?;
         adapter.step(dense, cfg.retriever_lr, || Ok(loss.shallow_clone()))?;
@@ -403,12 +418,9 @@ fn step(
         if let (Some(b), Some(peak)) = (base, vm("VmHWM")) {
             metrics.extra.insert("retriever_update_peak_bytes".into(), peak.saturating_sub(b) as f64);
         }
-        // Besides the adapter state: the retrieval logs, and η*'s own ρ over the same candidates.
+        // Besides the adapter state: the retrieval logs (η*'s too, for the two-state estimator).
         let per_turn = |t: &LoggedTurn| (t.rows.len() * (std::mem::size_of::<usize>() + 16)) as f64;
-        let mut held = adapter.held_bytes(dense) + turns.iter().map(per_turn).sum::<f64>();
-        if cfg.estimator == Estimator::TwoState {
-            held += turns.iter().map(|t| (t.rows.len() * 8) as f64).sum::<f64>();
-        }
+        let held = adapter.held_bytes(dense) + turns.iter().chain(&turns_star).map(per_turn).sum::<f64>();
         metrics.extra.insert("retriever_state_bytes".into(), held);
         metrics.extra.insert("retriever_j_rl".into(), j);
         metrics.extra.insert("retriever_l_rag".into(), rag);
@@ -422,9 +434,9 @@ fn step(
     let mut rag = vec![];
     if !turns.is_empty() && cfg.estimator != Estimator::Bridge {
         rag.push(LossTerm::Rag { turns: rag_turns(&turns, rho(dense, &turns, cfg.tau_r)?), coef: cfg.gamma });
-        if cfg.estimator == Estimator::TwoState {
-            if let Some(r) = adapter.with_second(dense, || rho(dense, &turns, cfg.tau_r)) {
-                rag.push(LossTerm::Rag { turns: rag_turns(&turns, r?), coef: -cfg.gamma });
+        if two_state && !turns_star.is_empty() {
+            if let Some(r) = adapter.with_second(dense, || rho(dense, &turns_star, cfg.tau_r)) {
+                rag.push(LossTerm::Rag { turns: rag_turns(&turns_star, r?), coef: -cfg.gamma });
             }
         }
     }

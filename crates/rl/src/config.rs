@@ -101,6 +101,9 @@ impl TrainConfig {
         if r.prompts_per_step == 0 || r.max_turns == 0 || r.topk == 0 || r.max_tokens_per_turn == 0 {
             return bad("rollout", "prompts_per_step, max_turns, topk and max_tokens_per_turn must be positive".into());
         }
+        if r.max_observation_tokens == 0 {
+            return bad("rollout.max_observation_tokens", "must be positive".into());
+        }
         if self.optim.micro_batch == 0 {
             return bad("optim.micro_batch", "must be positive".into());
         }

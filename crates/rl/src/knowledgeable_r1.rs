@@ -265,8 +265,12 @@ fn step(k: &KnowledgeableR1Config, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_eng
     }
     pg.retain(|r| r.weight != 0.0);
     // Released code: one token-mean over the 2n generated responses (J_PK and J_RPK add up per
-    // token of the same response), not over the 3n rows.
-    let generated = pk_trajs.iter().chain(&ck_trajs);
+    // token of the same response), not over the 3n rows. A response none of whose objectives
+    // is on (λ = 0: the "w/o J_PK" + "w/o J_RPK" ablation) is not counted: its rows are gone,
+    // and counting its tokens would only shrink the other objectives' step.
+    let pk_on = k.lambda_pk != 0.0 || k.lambda_rpk != 0.0;
+    let ck_on = k.lambda_ck != 0.0;
+    let generated = pk_trajs.iter().filter(|_| pk_on).chain(ck_trajs.iter().filter(|_| ck_on));
     let norm = Normaliser {
         tokens: generated.clone().map(|t| mask_len(&t.loss_mask)).sum(),
         sequences: generated.count() as f64,

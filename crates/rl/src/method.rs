@@ -27,6 +27,11 @@ pub trait MethodSpec {
     fn needs_reference(&self) -> bool {
         false
     }
+    /// A training checkpoint of the run's own model to load as that frozen copy instead of the
+    /// starting weights (offline AKBE's "fixed GRPO-trained checkpoint").
+    fn reference_checkpoint(&self) -> Option<std::path::PathBuf> {
+        None
+    }
     /// The query-side LoRA the method trains on the dense retriever, if any.
     fn query_lora(&self) -> Option<LoraConfig> {
         None
@@ -169,8 +174,9 @@ impl StepCtx<'_> {
         Ok((prompts, group))
     }
 
-    /// Samples one trajectory per prompt with `policy`; `tools = false` is a single turn with no
-    /// retrieval. Row j (counted from `first_row`) uses the step's j-th generator.
+    /// Samples one trajectory per prompt with `policy`; `tools = false` is a single turn of
+    /// `max_tokens_per_turn` with no retrieval. Row j (counted from `first_row`) uses the step's
+    /// j-th generator.
     pub fn rollout_with(
         &self,
         policy: &Policy,
@@ -178,13 +184,28 @@ impl StepCtx<'_> {
         tools: bool,
         first_row: usize,
     ) -> knowrl_engine::Result<Vec<Trajectory>> {
-        let r = self.rollout;
-        let turns = if tools { r.max_turns } else { 1 };
-        let agent = AgentConfig { max_turns: turns, ..r.agent(r.temperature) };
-        let mut rngs: Vec<Rng> =
-            (0..prompts.len()).map(|j| Rng::new(row_seed(self.seed, self.step, first_row + j))).collect();
-        let retriever: &dyn Retriever = if tools { self.retriever } else { &NoTool };
-        rollout(&policy.lm, self.tok, prompts, retriever, &agent, &mut rngs)
+        if !tools {
+            return self.rollout_once(policy, prompts, first_row, self.rollout.max_tokens_per_turn);
+        }
+        let agent = self.rollout.agent(self.rollout.temperature);
+        rollout(&policy.lm, self.tok, prompts, self.retriever, &agent, &mut self.rngs(prompts.len(), first_row))
+    }
+
+    /// One turn of up to `max_tokens` generated tokens per prompt, no retrieval.
+    pub fn rollout_once(
+        &self,
+        policy: &Policy,
+        prompts: &[Vec<u32>],
+        first_row: usize,
+        max_tokens: usize,
+    ) -> knowrl_engine::Result<Vec<Trajectory>> {
+        let mut agent = AgentConfig { max_turns: 1, ..self.rollout.agent(self.rollout.temperature) };
+        agent.sampling.max_new_tokens = max_tokens;
+        rollout(&policy.lm, self.tok, prompts, &NoTool, &agent, &mut self.rngs(prompts.len(), first_row))
+    }
+
+    fn rngs(&self, n: usize, first_row: usize) -> Vec<Rng> {
+        (0..n).map(|j| Rng::new(row_seed(self.seed, self.step, first_row + j))).collect()
     }
 
     pub fn rollout(

@@ -95,6 +95,14 @@ pub struct RolloutSection {
     /// AKBE's released tool, with its `<result>`-tag prompt).
     #[serde(default)]
     pub observation_format: knowrl_retrieval::format::PassageStyle,
+    /// Each observation is cut to its first this many tokens (default: Search-R1's 500;
+    /// BRIDGE's and verl-tool's setups use 1,024).
+    #[serde(default = "default_max_obs")]
+    pub max_observation_tokens: usize,
+}
+
+fn default_max_obs() -> usize {
+    crate::agent::SEARCH_R1_MAX_OBS_TOKENS
 }
 
 impl RolloutSection {
@@ -102,6 +110,7 @@ impl RolloutSection {
     pub fn agent(&self, temperature: f64) -> crate::agent::AgentConfig {
         let mut a = crate::agent::AgentConfig::new(self.max_turns, self.topk, self.max_tokens_per_turn, temperature);
         a.style = self.observation_format;
+        a.max_obs_tokens = self.max_observation_tokens;
         a
     }
 }

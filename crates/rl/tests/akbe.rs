@@ -7,7 +7,8 @@ use knowrl_rl::akbe::{categorise, rejected, select_target, AkbeConfig, Category,
 use knowrl_rl::update::{ce_backward, LossTerm, Sequence};
 
 fn o(correct: bool, tool_calls: usize, tokens: usize) -> Outcome {
-    Outcome { correct, tool_calls, tokens }
+    // Each call's results: 100 tokens of the response that are not generated.
+    Outcome { correct, tool_calls, tokens, all_tokens: tokens + 100 * tool_calls }
 }
 
 #[test]
@@ -41,6 +42,13 @@ fn targets_ties_and_disabled_categories() {
         };
     }
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![2, 3], "both tied minimum-call trajectories are drawn");
+    // Released "shortest" counts attention-mask tokens, tool results included: 1 call and 50
+    // generated tokens (150 in all) beats 2 calls and 30 generated (230); counting generated
+    // tokens only picks the other.
+    let wt2 = [o(true, 2, 30), o(true, 1, 50)];
+    assert_eq!(select_target(Category::ToolDependent, &wt2, &nt, &released, &mut rng), Some(Target::WithTool(1)));
+    let generated = AkbeConfig { target: TargetRule::ShortestGenerated, ..AkbeConfig::default() };
+    assert_eq!(select_target(Category::ToolDependent, &wt2, &nt, &generated, &mut rng), Some(Target::WithTool(0)));
     // Efficiency: shortest correct no-tool; ties → the first.
     let nt = [o(true, 0, 9), o(false, 0, 3), o(true, 0, 7), o(true, 0, 7)];
     assert_eq!(select_target(Category::Efficiency, &wt, &nt, &released, &mut rng), Some(Target::NoTool(2)));
@@ -137,6 +145,30 @@ fn a_step_on_the_world_builds_targets_for_tool_and_no_tool_paths() {
     let tok = policy.tokenizer().unwrap();
     let nt_prompts: Vec<Vec<u32>> = picks.iter().map(|t| t.no_tool.ids(tok).unwrap()).collect();
     assert!(out.pg_rows().iter().all(|r| !nt_prompts.contains(&r.seq.prompt)));
+    // With-tool targets mask their tool results out: every token of an <information> block is
+    // false in the mask, every generated token true.
+    for t in ce.iter().filter(|t| !nt_prompts.contains(&t.prompt)) {
+        let text = tok.decode(&t.response, false).unwrap();
+        assert_eq!(t.loss_mask.len(), t.response.len());
+        if text.contains("<information>") {
+            let observed: String = t
+                .response
+                .iter()
+                .zip(&t.loss_mask)
+                .filter(|(_, m)| !**m)
+                .map(|(id, _)| tok.decode(&[*id], false).unwrap())
+                .collect();
+            assert!(observed.contains("information>"), "the observation is not masked: {observed:?}");
+            let generated: String = t
+                .response
+                .iter()
+                .zip(&t.loss_mask)
+                .filter(|(_, m)| **m)
+                .map(|(id, _)| tok.decode(&[*id], false).unwrap())
+                .collect();
+            assert!(!generated.contains("<information>"), "observation tokens in the loss: {generated:?}");
+        }
+    }
     // No-tool targets keep their own (no-tool) prompt (released code) and contain no observation.
     for t in ce {
         if nt_prompts.contains(&t.prompt) {

@@ -4,7 +4,7 @@
 //! on the world with every estimator.
 mod common;
 use knowrl_engine::{LoraConfig, Mode};
-use knowrl_rl::bridge::{credit_weights, rag_loss, retriever_loss, BridgeConfig, LoggedTurn};
+use knowrl_rl::bridge::{credit_surrogate, credit_weights, rag_loss, retriever_loss, BridgeConfig, LoggedTurn};
 use knowrl_rl::method::StepCtx;
 use knowrl_rl::update::LossTerm;
 use tch::{Kind, Tensor};
@@ -48,6 +48,27 @@ fn credit_weights_sum_to_one_and_follow_the_answer_likelihood() {
     // ρ_old matters too: a candidate the retriever ranked far lower gets less credit.
     let c = credit_weights(&[0.0f64.ln_1p(), (0.1f64).ln(), (0.1f64).ln()], &[-1.0, -1.0, -1.0], 0.5);
     assert!(c[0] > c[1] && (c.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+}
+
+/// B3 and B5 on a 3-candidate turn, by hand: ρ = [0.5, 0.3, 0.2], p(y|h,d) = [0.1, 0.6, 0.3],
+/// ρ_old = [0.4, 0.4, 0.2], credit c = [0.2, 0.5, 0.3], ε = 0.2.
+#[test]
+fn rag_loss_and_credit_surrogate_hand_computed() {
+    let t = |v: &[f64]| tch::Tensor::from_slice(&v.iter().map(|x| x.ln() as f32).collect::<Vec<_>>()).view([1, 3]);
+    let (rho, py, old) = (t(&[0.5, 0.3, 0.2]), t(&[0.1, 0.6, 0.3]), t(&[0.4, 0.4, 0.2]));
+    // −log(0.05 + 0.18 + 0.06) = −log 0.29.
+    assert!((rag_loss(&rho, &py).double_value(&[]) - 1.237874).abs() < 1e-5);
+    let credit = tch::Tensor::from_slice(&[0.2f32, 0.5, 0.3]).view([1, 3]);
+    // Ratios 1.25, 0.75, 1. A = +1: min(rA, clip(r)A) = 1.2, 0.75, 1 → 0.24 + 0.375 + 0.3.
+    let j = |a: f32| credit_surrogate(&rho, &old, &credit, &tch::Tensor::from_slice(&[a]), 0.2).double_value(&[]);
+    assert!((j(1.0) - 0.915).abs() < 1e-6, "{}", j(1.0));
+    // A = −1: −1.25, −0.8, −1 → −0.25 − 0.4 − 0.3.
+    assert!((j(-1.0) + 0.95).abs() < 1e-6, "{}", j(-1.0));
+    // B4: c ∝ ρ_old · p^{1/τ_p} = [0.004, 0.144, 0.018] / 0.166 at τ_p = 0.5.
+    let c = credit_weights(&[0.4f64.ln(), 0.4f64.ln(), 0.2f64.ln()], &[0.1f64.ln(), 0.6f64.ln(), 0.3f64.ln()], 0.5);
+    for (x, y) in c.iter().zip([0.004 / 0.166, 0.144 / 0.166, 0.018 / 0.166]) {
+        assert!((x - y).abs() < 1e-9, "{c:?}");
+    }
 }
 
 #[test]
@@ -183,6 +204,15 @@ fn a_world_step_with_each_estimator_updates_the_adapter_and_logs_turns() {
             "drop" => assert_eq!(rag, 1),
             _ => {
                 assert_eq!(rag, 2);
+                // B9: +γ L_RAG(θ, η_γ) − γ L_RAG(θ, η*), each under its own retriever state: after
+                // one update η_γ (RAG weight γ/(1+γ)) and η* (RAG only) differ, so do their ρ.
+                let [_, LossTerm::Rag { turns: g, coef: cg }, LossTerm::Rag { turns: st, coef: cs }] = &out.terms[..]
+                else {
+                    panic!("want PG, RAG(η_γ), RAG(η*)")
+                };
+                assert_eq!((*cg, *cs), (0.25, -0.25), "signs of the two-state terms");
+                let differ = g.iter().zip(st).any(|(a, b)| a.rho.iter().zip(&b.rho).any(|(x, y)| (x - y).abs() > 1e-9));
+                assert!(differ, "the η* term uses η_γ's retrieval distribution");
                 // The cosines are undefined (not recorded) on a batch without an RL gradient,
                 // whose groups all tie; the relative error then says BRIDGE missed all of it.
                 match m.get("fidelity_cos_bridge") {

@@ -164,6 +164,12 @@ fn objectives_values_and_gradient_signs() {
     assert_eq!(rows.len(), 2 * (2 + 3));
     let (rows, _, _) = step_ctx_rows("lambda_rpk = 0.0");
     assert_eq!(rows.len(), 2 * (2 + 3));
+    // Without both, the PK responses carry no objective and leave the normaliser too: it counts
+    // the CK responses alone (2 × 2), tokens included.
+    let (rows, _, norm) = step_ctx_rows("lambda_pk = 0.0\nlambda_rpk = 0.0");
+    let n = norm.unwrap();
+    assert_eq!((rows.len(), n.sequences), (2 * 2, 4.0));
+    assert_eq!(n.tokens, rows.iter().map(|r| r.seq.loss_mask.iter().filter(|m| **m).count() as f64).sum::<f64>());
 
     // On hand-made rows: at ratio 1 the clipped surrogate is −A per token, so the batch loss is
     // −Σ_rows λ·A·|o| / N_tokens; a positive-advantage row's log-prob rises after a step and a
