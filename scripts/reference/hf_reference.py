@@ -10,6 +10,8 @@ Jobs (field "kind"):
   peft      per-prompt logits of a base model with a PEFT LoRA adapter directory (peft)
   ppo       the adapters after PPO's clipped-surrogate updates over given mini-batches (π_old
             scored once before the first), each one clip_grad_norm_ + torch.optim.AdamW step
+  tensorboard  the scalars TensorBoard's own EventAccumulator reads from a run directory
+            (orphaned points of a restarted run purged, as `tensorboard --logdir` shows them)
 """
 import json
 import sys
@@ -160,6 +162,16 @@ def job_ppo(j):
         torch.nn.utils.clip_grad_norm_([p for _, p in params], j["max_grad_norm"])
         opt.step()
     save_file({knowrl_name(n): p.detach().contiguous() for n, p in params}, j["out"])
+
+
+def job_tensorboard(j):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(j["dir"], purge_orphaned_data=True)
+    acc.Reload()
+    out = {t: [[e.step, e.value] for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+    with open(j["out"], "w") as f:
+        json.dump(out, f)
 
 
 def job_adamw(j):

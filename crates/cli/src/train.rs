@@ -160,6 +160,8 @@ struct PeriodicEval<'a> {
     retriever: &'a SearchTool,
     questions: Vec<knowrl_world::questions::Question>,
     items: Vec<knowrl_world::suites::ScenarioItem>,
+    /// The same figures for TensorBoard, as `eval/<name>` (opened at the first evaluation).
+    board: std::cell::RefCell<Option<knowrl_rl::tensorboard::EventWriter>>,
 }
 
 impl<'a> PeriodicEval<'a> {
@@ -174,7 +176,7 @@ impl<'a> PeriodicEval<'a> {
         let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
         let mut items = scenario_items(w, Split::Valid, &all).map_err(anyhow::Error::msg)?;
         items.truncate(take(items.len()));
-        Ok(Some(PeriodicEval { cfg, retriever, questions, items }))
+        Ok(Some(PeriodicEval { cfg, retriever, questions, items, board: Default::default() }))
     }
 
     fn run(&self, policy: &Policy, done: u64) -> Result<()> {
@@ -202,6 +204,24 @@ impl<'a> PeriodicEval<'a> {
                 serde_json::json!({"step": done, "em": a.em, "tc": a.tc, "tp": a.tp, "boundary_accuracy": a.boundary_accuracy})
             }
         };
+        let mut board = self.board.borrow_mut();
+        if board.is_none() {
+            *board = Some(knowrl_rl::tensorboard::EventWriter::create(&self.cfg.run.out_dir)?);
+        }
+        let flat = |v: &serde_json::Value| -> Vec<(String, f64)> {
+            let mut out = vec![];
+            for (k, x) in v.as_object().into_iter().flatten().filter(|(k, _)| *k != "step") {
+                match x {
+                    serde_json::Value::Object(inner) => {
+                        out.extend(inner.iter().filter_map(|(s, x)| Some((format!("eval/{k}/{s}"), x.as_f64()?))))
+                    }
+                    x => out.extend(x.as_f64().map(|x| (format!("eval/{k}"), x))),
+                }
+            }
+            out
+        };
+        // Plotted at the step index of the training step it follows (metrics.jsonl's numbering).
+        board.as_mut().expect("opened above").scalars(done as i64 - 1, &flat(&row))?;
         use std::io::Write;
         let path = self.cfg.run.out_dir.join("eval.jsonl");
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;

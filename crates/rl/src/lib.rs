@@ -18,5 +18,6 @@ pub mod query_adapter;
 pub mod reward;
 pub mod sections;
 pub mod task;
+pub mod tensorboard;
 pub mod trainer;
 pub mod update;

@@ -63,6 +63,12 @@ pub fn train(
             }
         }
     }
+    // TensorBoard beside metrics.jsonl; a resumed run marks its restart so the interrupted run's
+    // later points are dropped, as metrics.jsonl's rows are.
+    let mut board = crate::tensorboard::EventWriter::create(out)?;
+    if start > 0 {
+        board.restart(start as i64)?;
+    }
     let mut all = vec![];
     for step in start..cfg.run.steps {
         let (t0, flops0) = (Instant::now(), knowrl_engine::flops::total());
@@ -98,6 +104,7 @@ pub fn train(
             .map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
         writeln!(f, "{}", serde_json::to_string(&metrics).unwrap())
             .map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
+        board.scalars(step as i64, &scalars(&metrics))?;
         on_step(&metrics);
         all.push(metrics);
         let done = step + 1;
@@ -110,6 +117,22 @@ pub fn train(
         }
     }
     Ok(all)
+}
+
+/// Every figure of a step's metrics as `train/<name>` (method extras included), for TensorBoard.
+pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
+    let v = serde_json::to_value(m).unwrap_or_default();
+    let mut out = vec![];
+    for (k, x) in v.as_object().into_iter().flatten() {
+        match (k.as_str(), x) {
+            ("step", _) => {}
+            ("extra", serde_json::Value::Object(e)) => {
+                out.extend(e.iter().filter_map(|(k, x)| Some((format!("train/{k}"), x.as_f64()?))))
+            }
+            (_, x) => out.extend(x.as_f64().map(|x| (format!("train/{k}"), x))),
+        }
+    }
+    out
 }
 
 /// The step context of `step` for a run of `cfg` on `env`.

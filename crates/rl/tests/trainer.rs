@@ -1,6 +1,8 @@
 //! A tiny GRPO run on the world: metrics are written per step, checkpoints land atomically, and
 //! a run resumed from its step-1 checkpoint ends bit-identical to an uninterrupted one.
 mod common;
+#[path = "../../engine/tests/common/mod.rs"]
+mod engine_common;
 use common::{agent_tasks, config, policy, retriever};
 use knowrl_rl::method::TrainEnv;
 use knowrl_rl::trainer::train;
@@ -38,6 +40,11 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
         &|_| {},
     )
     .unwrap();
+    // The interrupted run had also logged a step-1 point to TensorBoard after its last checkpoint.
+    knowrl_rl::tensorboard::EventWriter::create(&base.join("b"))
+        .unwrap()
+        .scalars(1, &[("train/reward".into(), 999.0)])
+        .unwrap();
     // The interrupted run had also logged evaluations after steps 1 and 2 (step 2 never reached
     // a checkpoint): the resumed run must drop the step-2 row, it will be evaluated again.
     std::fs::write(base.join("b/eval.jsonl"), "{\"step\":1,\"em\":0.1}\n{\"step\":2,\"em\":0.2}\n").unwrap();
@@ -63,6 +70,19 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     let metrics = std::fs::read_to_string(base.join("b/metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 2);
     assert_eq!(std::fs::read_to_string(base.join("b/eval.jsonl")).unwrap(), "{\"step\":1,\"em\":0.1}\n");
+    // TensorBoard's own reader sees every step once, with the resumed run's values: the orphaned
+    // point is purged by the restart marker.
+    let out = base.join("tb.json");
+    engine_common::run_reference(
+        &serde_json::json!([{ "kind": "tensorboard", "dir": base.join("b"), "out": out }]),
+        &base,
+    );
+    let tb: std::collections::BTreeMap<String, Vec<(i64, f64)>> =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let reward = &tb["train/reward"];
+    assert_eq!(reward.iter().map(|p| p.0).collect::<Vec<_>>(), vec![0, 1], "{reward:?}");
+    assert_eq!(reward[1].1, mb[0].reward as f32 as f64);
+    assert!(tb.contains_key("train/grad_norm") && tb.contains_key("train/ppo_updates"), "{:?}", tb.keys());
     let _ = std::fs::remove_dir_all(&base);
 }
 
