@@ -85,8 +85,21 @@ fn chat_prompt(v: &serde_json::Value) -> Option<Prompt> {
 }
 
 /// Rows of a parquet file (Search-R1 / verl training data) as JSON values, nested lists and
-/// structs included.
+/// structs included. The parquet reader panics on some corrupt files (an RLE-dictionary page
+/// without its dictionary, found by `tests/fuzz.rs`); that is reported as an error naming the
+/// file, not a crash.
 pub fn load_parquet(p: &Path) -> Result<Vec<serde_json::Value>, String> {
+    let quiet = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(|| read_parquet(p));
+    std::panic::set_hook(quiet);
+    r.unwrap_or_else(|e| {
+        let why = e.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| e.downcast_ref::<String>().cloned());
+        Err(format!("{}: corrupt parquet file ({})", p.display(), why.unwrap_or_else(|| "the reader failed".into())))
+    })
+}
+
+fn read_parquet(p: &Path) -> Result<Vec<serde_json::Value>, String> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
     let reader =

@@ -10,6 +10,8 @@ use knowrl_retrieval::{RetrievalError, Retriever};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tch::{Kind, Tensor};
+#[path = "../../engine/tests/common/mod.rs"]
+mod engine_common;
 
 /// A scratch directory, removed when dropped.
 fn tmp(tag: &str) -> tempfile::TempDir {
@@ -114,6 +116,38 @@ fn broken_corpus_lines_report_file_and_line() {
     assert!(matches!(Corpus::scan_offsets(&f, false, |_| {}), Err(RetrievalError::BadLine { line: 4, .. })));
 }
 
+/// Corpus jsonl under seeded mutations: no input panics, every rejection names `file:line`.
+#[test]
+fn corpus_jsonl_never_panics_and_errors_name_the_file_and_line() {
+    let d = tmp("fuzz-corpus");
+    let valid = "{\"id\": \"0\", \"contents\": \"\\\"Paris\\\"\\nParis is the capital of France.\"}\n{\"id\": \"1\", \"contents\": \"\\\"B\\\"\\ny\"}\n";
+    assert_eq!(
+        read_corpus(
+            &{
+                let f = d.path().join("valid.jsonl");
+                std::fs::write(&f, valid).unwrap();
+                f
+            },
+            false
+        )
+        .unwrap()
+        .0
+        .len(),
+        2
+    );
+    let f = d.path().join("mutant.jsonl");
+    let (tried, rejected) = engine_common::fuzz(
+        &engine_common::mutations(valid.as_bytes(), 3000, 6),
+        |b| {
+            std::fs::write(&f, b).unwrap();
+            read_corpus(&f, false).map(|_| ())
+        },
+        |msg| msg.contains("mutant.jsonl"),
+    );
+    println!("corpus jsonl: {tried} inputs, {rejected} rejected");
+    assert!(rejected > tried / 2);
+}
+
 fn toy_corpus() -> Arc<Corpus> {
     let mut v = vec![
         Passage::new("p0", "Paris", "Paris is the capital and largest city of France."),
@@ -199,6 +233,21 @@ fn server_speaks_search_r1_protocol_rejects_bad_requests_and_survives_load() {
     assert_eq!(v["result"][0].as_array().unwrap().len(), 3);
     assert_eq!(v["result"][0][0]["id"], "p0");
     assert!(v["result"][0][0].get("score").is_none());
+
+    // Mutated request bodies: never a 5xx, always a JSON answer, and the server stays up.
+    let valid = br#"{"queries": ["capital of France", "Ada born"], "topk": 2, "return_scores": true}"#;
+    let inputs = engine_common::mutations(valid, 400, 7);
+    let mut codes = std::collections::BTreeMap::new();
+    for b in &inputs {
+        let r = http.post(format!("{url}/retrieve")).header("content-type", "application/json").body(b.clone()).send();
+        let r = r.unwrap();
+        let status = r.status().as_u16();
+        assert!(status < 500, "{status} for {:?}", String::from_utf8_lossy(b));
+        assert!(serde_json::from_str::<serde_json::Value>(&r.text().unwrap()).is_ok());
+        *codes.entry(status).or_insert(0) += 1;
+    }
+    println!("server requests: {} inputs, status counts {codes:?}", inputs.len());
+    assert_eq!(post(r#"{"queries": ["capital of France"]}"#).0, 200);
 
     // Bad requests: 4xx with a message, and the server keeps answering.
     for (body, want) in [

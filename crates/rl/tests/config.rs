@@ -179,3 +179,31 @@ fn the_rl_files_import_each_other_without_a_loop() {
         visit(n, &graph, &mut vec![], &mut done);
     }
 }
+
+#[path = "../../engine/tests/common/mod.rs"]
+mod engine_common;
+
+/// Train configs under seeded mutations of a shipped one: no input panics, and every rejection
+/// names the file (and the line or field).
+#[test]
+fn mutated_configs_never_panic_and_errors_name_the_file() {
+    let dir = std::env::temp_dir().join(format!("knowrl-config-fuzz-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("mutant.toml");
+    let mut total = (0, 0);
+    for (seed, shipped) in ["configs/world-akbe.toml", "configs/world-bridge.toml"].iter().enumerate() {
+        let valid = std::fs::read(root().join(shipped)).unwrap();
+        let (tried, rejected) = engine_common::fuzz(
+            &engine_common::mutations(&valid, 1500, 8 + seed as u64),
+            |b| {
+                std::fs::write(&file, b).unwrap();
+                TrainConfig::load(&file).map(|_| ())
+            },
+            |msg| msg.contains("mutant.toml") && (msg.contains("line") || msg.contains("field") || msg.contains("UTF")),
+        );
+        total = (total.0 + tried, total.1 + rejected);
+    }
+    println!("train configs: {} inputs, {} rejected", total.0, total.1);
+    assert!(total.1 > total.0 / 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}

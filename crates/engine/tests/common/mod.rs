@@ -78,3 +78,68 @@ pub fn run_reference(jobs: &serde_json::Value, dir: &Path) {
 pub fn max_abs_diff(a: &tch::Tensor, b: &tch::Tensor) -> f64 {
     (a.to_kind(tch::Kind::Double) - b.to_kind(tch::Kind::Double)).abs().max().double_value(&[])
 }
+
+/// Seeded mutations of a valid input, for the parsers' fuzz tests: byte flips, deletions,
+/// insertions of structural bytes (quotes, braces, newlines, NUL, invalid UTF-8), truncations,
+/// duplicated ranges, and a few inputs of random bytes. Deterministic: the same seed gives the
+/// same inputs.
+pub fn mutations(valid: &[u8], n: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = knowrl_engine::Rng::new(seed);
+    const SPECIAL: &[u8] = b"\"{}[]:,\n\r\0\\=#' \xff\xfe0-9e.";
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        if i % 50 == 49 {
+            let len = rng.below(256);
+            out.push((0..len).map(|_| rng.below(256) as u8).collect());
+            continue;
+        }
+        let mut v = valid.to_vec();
+        for _ in 0..1 + rng.below(4) {
+            let at = if v.is_empty() { 0 } else { rng.below(v.len()) };
+            match rng.below(6) {
+                0 if !v.is_empty() => v[at] ^= 1 << rng.below(8),
+                1 if !v.is_empty() => {
+                    let end = (at + 1 + rng.below(16)).min(v.len());
+                    v.drain(at..end);
+                }
+                2 => v.insert(at, SPECIAL[rng.below(SPECIAL.len())]),
+                3 => v.truncate(at),
+                4 if !v.is_empty() => {
+                    let end = (at + 1 + rng.below(32)).min(v.len());
+                    let piece = v[at..end].to_vec();
+                    let to = rng.below(v.len() + 1);
+                    v.splice(to..to, piece);
+                }
+                _ if !v.is_empty() => v[at] = rng.below(256) as u8,
+                _ => v.push(rng.below(256) as u8),
+            }
+        }
+        out.push(v);
+    }
+    out
+}
+
+/// Runs `parse` on every input, none may panic; returns (inputs tried, inputs rejected).
+/// `check` sees each error message (it must name the file, line or field).
+pub fn fuzz<E: std::fmt::Display>(
+    inputs: &[Vec<u8>],
+    mut parse: impl FnMut(&[u8]) -> Result<(), E>,
+    check: impl Fn(&str) -> bool,
+) -> (usize, usize) {
+    let mut rejected = 0;
+    for (i, input) in inputs.iter().enumerate() {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(input)));
+        match r {
+            Err(_) => {
+                panic!("input {i} panicked the parser: {:?}", String::from_utf8_lossy(&input[..input.len().min(300)]))
+            }
+            Ok(Err(e)) => {
+                let msg = e.to_string();
+                assert!(check(&msg), "input {i}: the error does not name its source: {msg}");
+                rejected += 1;
+            }
+            Ok(Ok(())) => {}
+        }
+    }
+    (inputs.len(), rejected)
+}
