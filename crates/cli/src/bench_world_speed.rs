@@ -101,7 +101,7 @@ pub fn run(a: Args) -> Result<()> {
         "methods": detail,
         "threads": a.bench_threads,
         "machine": crate::bench::machine(),
-        "isa": format!("{:?}", knowrl_engine::vmath::isa()),
+        "isa": format!("{:?}", knowrl_engine::kernels::vmath::isa()),
         "floor": "weight-GEMM FLOPs of the step (generation incl. observation prefill, scoring, backward; \
                   attention score/value products, LoRA products and the retriever encoder not counted) \
                   / gemm_gflops",

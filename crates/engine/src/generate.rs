@@ -308,7 +308,7 @@ impl<'a> DecodeSession<'a> {
 
 /// One token for each active row (`host` holds their logits in order). Rows sample
 /// independently (own generator each), so they are split across libtorch's OpenMP team
-/// (a rayon pool would fight its spinning workers; see [`crate::omp`]).
+/// (a rayon pool would fight its spinning workers; see [`crate::kernels::omp`]).
 fn sample_rows(
     host: &[f32],
     vocab: usize,
@@ -320,7 +320,7 @@ fn sample_rows(
     let rows: Vec<Mutex<(usize, Rng)>> = active.iter().map(|&i| Mutex::new((i, rngs[i].clone()))).collect();
     let picks: Vec<Mutex<(u32, f32)>> = active.iter().map(|_| Mutex::new((0, 0.0))).collect();
     let threads = (tch::get_num_threads().max(1) as usize).min(active.len());
-    crate::omp::parallel(threads, &|t, nt| {
+    crate::kernels::omp::parallel(threads, &|t, nt| {
         let mut scratch = Scratch::default();
         for a in (t..rows.len()).step_by(nt.max(1)) {
             let mut row = rows[a].lock().unwrap();

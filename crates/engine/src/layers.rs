@@ -103,12 +103,12 @@ impl Linear {
 }
 
 /// x·Wᵀ + b. A decode step's few rows of f32 on CPU (outside autograd) go to
-/// [`crate::small_gemm`] when the CPU has AVX-512 or AVX2+FMA; otherwise they are computed as (W·xᵀ)ᵀ, which
+/// [`crate::kernels::small_gemm`] when the CPU has AVX-512 or AVX2+FMA; otherwise they are computed as (W·xᵀ)ᵀ, which
 /// MKL runs faster than x·Wᵀ: 32 sampled rows of SmolLM2-135M generate 64 tokens in 10.1 s
 /// instead of 11.4 s (3 alternating runs each, libtorch 2.11, 2 cores). Same values up to
 /// summation order.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Tensor {
-    if let Some(y) = crate::small_gemm::linear(x, w) {
+    if let Some(y) = crate::kernels::small_gemm::linear(x, w) {
         return match bias {
             Some(b) => y + b,
             None => y,
@@ -159,7 +159,7 @@ impl RmsNorm {
         if !f32_cpu(x) || !f32_cpu(&self.weight) || rows > 64 || d == 0 || self.weight.size() != [d] {
             return None;
         }
-        if crate::small_gemm::needs_grad(x, &self.weight) {
+        if crate::kernels::needs_grad(&[x, &self.weight]) {
             return None;
         }
         let (x, w) = (x.contiguous(), self.weight.contiguous());
@@ -181,14 +181,14 @@ impl RmsNorm {
 fn rms_rows(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) {
     let d = ws.len();
     for (xr, yr) in xs.chunks_exact(d).zip(ys.chunks_exact_mut(d)) {
-        let r = 1.0 / (crate::vmath::dot(xr, xr) / d as f32 + eps).sqrt();
+        let r = 1.0 / (crate::kernels::vmath::dot(xr, xr) / d as f32 + eps).sqrt();
         for ((yv, &xv), &wv) in yr.iter_mut().zip(xr).zip(ws) {
             *yv = wv * (xv * r);
         }
     }
 }
 
-crate::vmath::simd_dispatch!(fn rms_rows_fast(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) = rms_rows);
+crate::kernels::vmath::simd_dispatch!(fn rms_rows_fast(xs: &[f32], ws: &[f32], ys: &mut [f32], eps: f32) = rms_rows);
 
 #[derive(Debug)]
 pub struct LayerNorm {

@@ -4,24 +4,20 @@
 pub mod adapter;
 pub mod checkpoint;
 pub mod config;
-pub mod decode_attention;
 pub mod device;
 pub mod encoder;
 pub mod error;
 pub mod flops;
 pub mod fsutil;
 pub mod generate;
+pub mod kernels;
 pub mod layers;
 pub mod models;
-pub mod omp;
 pub mod optim;
 pub mod policy;
 pub mod sampling;
 pub mod score;
-pub mod small_gemm;
-pub mod target_logprobs;
 pub mod tokenizer;
-pub mod vmath;
 pub mod weights;
 
 pub use error::{EngineError, Result};

@@ -240,7 +240,7 @@ fn fused_step(p: &Tensor, g: &Tensor, m: &Tensor, v: &Tensor, h: &Hyper) -> bool
         step_size: (h.lr / h.bc1) as f32,
     };
     let threads = if n < 1 << 16 { 1 } else { tch::get_num_threads().max(1) as usize };
-    crate::omp::parallel(threads, &|t, nt| {
+    crate::kernels::omp::parallel(threads, &|t, nt| {
         let (lo, hi) = (n * t / nt, n * (t + 1) / nt);
         // SAFETY: four live, distinct, contiguous f32 tensors of n elements; each thread owns
         // the range lo..hi of each.
@@ -275,7 +275,7 @@ fn adam(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars)
     }
 }
 
-crate::vmath::simd_dispatch!(fn adam_fast(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) = adam);
+crate::kernels::vmath::simd_dispatch!(fn adam_fast(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], s: &AdamScalars) = adam);
 
 #[cfg(test)]
 mod tests {

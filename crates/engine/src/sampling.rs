@@ -1,6 +1,6 @@
 //! Token sampling on the host: temperature, top-k, top-p, greedy, with one seeded generator per
 //! sequence so a sequence's sample does not depend on what else is in its batch.
-use crate::vmath::exp_f32;
+use crate::kernels::vmath::exp_f32;
 use serde::{Deserialize, Serialize};
 
 /// xoshiro256** seeded through splitmix64. Small, fast, and its state is four integers, so it
@@ -94,7 +94,7 @@ pub struct Scratch {
 
 /// [`sample`] with caller-owned buffers.
 pub fn sample_with(logits: &[f32], p: &SamplingParams, rng: &mut Rng, scratch: &mut Scratch) -> (u32, f32) {
-    let max = crate::vmath::max(logits);
+    let max = crate::kernels::vmath::max(logits);
     if p.temperature <= 0.0 {
         let best = logits.iter().position(|&v| v == max).unwrap_or(0);
         let z = exp_shifted(logits, max, 1.0, scratch);
@@ -162,7 +162,7 @@ fn exp_shifted(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) -> f64 {
 
 // `exp_f32` is branch-free, so `exp_blocks` vectorises; `mul_add` is exactly rounded either way
 // and the summation order is fixed, so both copies give the same bits.
-crate::vmath::simd_dispatch!(fn exp_blocks_fast(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) = exp_blocks);
+crate::kernels::vmath::simd_dispatch!(fn exp_blocks_fast(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) = exp_blocks);
 
 #[inline(always)]
 fn exp_blocks(logits: &[f32], max: f32, inv_t: f32, s: &mut Scratch) {

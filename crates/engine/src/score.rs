@@ -3,9 +3,9 @@
 //! Prompt and response are passed separately, so the same response can be scored under a
 //! different prompt (Knowledgeable-R1 scores query-only rollouts under the context prompt).
 //! Only response positions go through the LM head, which keeps the [N, V] logits small.
+use crate::kernels::target_logprobs::target_logprobs;
 use crate::layers::Mode;
 use crate::models::llama::{DecoderLm, Packing};
-use crate::target_logprobs::target_logprobs;
 use tch::{Device, Kind, Tensor};
 
 /// Right-padded sequences with positions and a causal+padding mask, ready for one forward.
@@ -188,7 +188,7 @@ fn response_scores(lm: &DecoderLm, h: Tensor, reqs: &[ScoreRequest], temperature
     response_scores_in(lm, h, reqs, temperature, HEAD_CHUNK, true)
 }
 
-/// `fused`: use [`crate::target_logprobs`] where it applies (float32 CPU logits); the tests
+/// `fused`: use [`crate::kernels::target_logprobs`] where it applies (float32 CPU logits); the tests
 /// turn it off to compare against libtorch's ops.
 fn response_scores_in(
     lm: &DecoderLm,
@@ -302,7 +302,7 @@ mod tests {
         assert!(whole.2.abs().sum(Kind::Double).double_value(&[]) > 0.0);
     }
 
-    /// The one-pass float32 head (crate::target_logprobs) gives libtorch's log-probs, entropies
+    /// The one-pass float32 head (crate::kernels::target_logprobs) gives libtorch's log-probs, entropies
     /// and gradients (to the hidden states and to the tied embedding), tempered and not.
     #[test]
     fn one_pass_head_equals_libtorch_ops() {

@@ -255,7 +255,7 @@ impl Attention {
         let (q, k, v) = (self.q_proj.forward(x, mode), self.k_proj.forward(x, mode), self.v_proj.forward(x, mode));
         // A decode step (one new token per row, f32 on CPU, no autograd) in one pass.
         if let (LayerKv::Cache(ck, cv, pos), None, None, 1) = (&kv, packing, &self.q_norm, t) {
-            let step = crate::decode_attention::DecodeStep {
+            let step = crate::kernels::decode_attention::DecodeStep {
                 q: &q,
                 k: &k,
                 v: &v,
@@ -269,7 +269,7 @@ impl Attention {
                 n_kv: self.n_kv,
                 head_dim: self.head_dim,
             };
-            if let Some(y) = crate::decode_attention::attend(&step) {
+            if let Some(y) = crate::kernels::decode_attention::attend(&step) {
                 return self.o_proj.forward(&y, mode);
             }
         }

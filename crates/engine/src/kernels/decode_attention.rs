@@ -33,12 +33,11 @@ pub struct DecodeStep<'a> {
 /// step is not a plain f32 CPU decode step outside autograd (the caller runs libtorch's path).
 pub fn attend(s: &DecodeStep) -> Option<Tensor> {
     let (nh, nkv, d) = (s.n_heads, s.n_kv, s.head_dim);
-    let f32_cpu = |t: &Tensor| t.device() == Device::Cpu && t.kind() == Kind::Float;
     let all = [s.q, s.k, s.v, s.cos, s.sin, s.cache_k, s.cache_v];
-    if !all.iter().all(|t| f32_cpu(t)) || [s.q, s.k, s.v].iter().any(|t| t.requires_grad()) {
+    if !super::f32_cpu(&all) || super::needs_grad(&[s.q, s.k, s.v, s.cache_k]) {
         return None;
     }
-    if s.cache_k.requires_grad() || s.mask.kind() != Kind::Bool || nh % nkv != 0 || d % 2 != 0 {
+    if s.mask.kind() != Kind::Bool || nh % nkv != 0 || d % 2 != 0 {
         return None;
     }
     let b = s.q.size()[0];
@@ -85,7 +84,7 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
         let (ck, cv, o) = (ck as usize, cv as usize, out.data_ptr() as usize);
         let tasks = b * nh;
         let threads = (tch::get_num_threads().max(1) as usize).min(tasks);
-        crate::omp::parallel(threads, &|t, nt| {
+        crate::kernels::omp::parallel(threads, &|t, nt| {
             let (ck, cv, o) = (ck as *const f32, cv as *const f32, o as *mut f32);
             let (mut qr, mut scores) = (vec![0f32; d], vec![0f32; keys]);
             let per = tasks.div_ceil(nt);
@@ -123,12 +122,12 @@ fn attend_head(h: &Head, scores: &mut [f32], y: &mut [f32]) {
     let scale = 1.0 / (d as f32).sqrt();
     let mut max = f32::NEG_INFINITY;
     for ((sc, k), &m) in scores.iter_mut().zip(h.keys.chunks_exact(d)).zip(h.mask) {
-        *sc = if m { crate::vmath::dot(h.q, k) * scale } else { f32::NEG_INFINITY };
+        *sc = if m { crate::kernels::vmath::dot(h.q, k) * scale } else { f32::NEG_INFINITY };
         max = max.max(*sc);
     }
     // exp(−∞) = 0: masked keys drop out without a branch, so this loop vectorises.
-    scores.iter_mut().for_each(|sc| *sc = crate::vmath::exp_f32(*sc - max));
-    let total = crate::vmath::sum(scores);
+    scores.iter_mut().for_each(|sc| *sc = crate::kernels::vmath::exp_f32(*sc - max));
+    let total = crate::kernels::vmath::sum(scores);
     y.iter_mut().for_each(|x| *x = 0.0);
     for ((&p, v), &m) in scores.iter().zip(h.values.chunks_exact(d)).zip(h.mask) {
         if m {
@@ -138,7 +137,7 @@ fn attend_head(h: &Head, scores: &mut [f32], y: &mut [f32]) {
     y.iter_mut().for_each(|x| *x /= total);
 }
 
-crate::vmath::simd_dispatch!(fn attend_head_fast(h: &Head, scores: &mut [f32], y: &mut [f32]) = attend_head);
+crate::kernels::vmath::simd_dispatch!(fn attend_head_fast(h: &Head, scores: &mut [f32], y: &mut [f32]) = attend_head);
 
 /// out = x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁] (transformers' convention).
 unsafe fn rope(x: &[f32], cos: &[f32], sin: &[f32], out: *mut f32) {

@@ -61,11 +61,11 @@ macro_rules! simd_dispatch {
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $plain($($arg),*)
                 }
-                match $crate::vmath::isa() {
+                match $crate::kernels::vmath::isa() {
                     // SAFETY: isa() found these features on this CPU.
-                    $crate::vmath::Isa::Avx512 => return unsafe { avx512($($arg),*) },
-                    $crate::vmath::Isa::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::vmath::Isa::Baseline => {}
+                    $crate::kernels::vmath::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    $crate::kernels::vmath::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::kernels::vmath::Isa::Baseline => {}
                 }
             }
             $plain($($arg),*)

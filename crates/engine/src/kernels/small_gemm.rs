@@ -10,7 +10,7 @@
 //! Shape of the kernel (the classic outer-product micro-kernel, transposed): a tile of NR rows
 //! of W times xᵀ [K, 16·MV] accumulates C[NR, 16·MV] in 24 zmm registers; each k broadcasts one
 //! weight per W row and multiplies it into MV vectors of x. Tiles are split across libtorch's
-//! OpenMP threads ([`crate::omp`]). The AVX2 copy is the same kernel on 8-lane ymm vectors with
+//! OpenMP threads ([`crate::kernels::omp`]). The AVX2 copy is the same kernel on 8-lane ymm vectors with
 //! 12 accumulators (16 registers), over groups of ≤ 32 rows.
 use tch::{Device, Kind, Tensor};
 
@@ -20,17 +20,17 @@ pub const MAX_ROWS: i64 = 64;
 /// x [.., K] · w [N, K]ᵀ when the fast path applies (f32 CPU, ≤ 64 rows, AVX-512 or AVX2+FMA,
 /// no gradient needed); `None` otherwise, and the caller uses libtorch.
 pub fn linear(x: &Tensor, w: &Tensor) -> Option<Tensor> {
-    linear_with(crate::vmath::isa(), x, w)
+    linear_with(crate::kernels::vmath::isa(), x, w)
 }
 
 fn linear_with(isa: Isa, x: &Tensor, w: &Tensor) -> Option<Tensor> {
-    if x.device() != Device::Cpu || x.kind() != Kind::Float || w.kind() != Kind::Float || w.dim() != 2 {
+    if !super::f32_cpu(&[x, w]) || w.dim() != 2 {
         return None;
     }
     let k = *x.size().last()?;
     let (n, wk) = (w.size()[0], w.size()[1]);
     let m = x.numel() as i64 / k.max(1);
-    if wk != k || k == 0 || n == 0 || m == 0 || m > MAX_ROWS || !w.is_contiguous() || needs_grad(x, w) {
+    if wk != k || k == 0 || n == 0 || m == 0 || m > MAX_ROWS || !w.is_contiguous() || super::needs_grad(&[x, w]) {
         return None;
     }
     if isa == Isa::Baseline {
@@ -61,21 +61,7 @@ fn linear_with(isa: Isa, x: &Tensor, w: &Tensor) -> Option<Tensor> {
     Some(y)
 }
 
-/// True when autograd would need y = f(x, w): our kernels are invisible to it.
-pub(crate) fn needs_grad(x: &Tensor, w: &Tensor) -> bool {
-    if x.requires_grad() {
-        return true;
-    }
-    if !w.requires_grad() {
-        return false;
-    }
-    // Reads grad mode (set and restore: libtorch's C API has no getter).
-    let enabled = unsafe { torch_sys::at_grad_set_enabled(0) };
-    unsafe { torch_sys::at_grad_set_enabled(enabled) };
-    enabled != 0
-}
-
-use crate::vmath::Isa;
+use crate::kernels::vmath::Isa;
 
 /// A tile: (vectors of x rows MV, w at the tile's first row, k, xᵀ, y at the tile's first
 /// column, m, ldy, rows in the tile).
@@ -105,7 +91,7 @@ unsafe fn drive(
     let tiles = n.div_ceil(nr);
     let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
     let (xt, y) = (xt.as_slice(), y as usize);
-    crate::omp::parallel(threads, &|t, nt| {
+    crate::kernels::omp::parallel(threads, &|t, nt| {
         let per = tiles.div_ceil(nt);
         for i in t * per..((t + 1) * per).min(tiles) {
             let n0 = i * nr;
@@ -243,7 +229,7 @@ mod tests {
 
     /// The kernels this CPU can run: AVX2 everywhere here, AVX-512 too on the Intel machines.
     fn kernels() -> Vec<Isa> {
-        match crate::vmath::isa() {
+        match crate::kernels::vmath::isa() {
             Isa::Avx512 => vec![Isa::Avx512, Isa::Avx2],
             Isa::Avx2 => vec![Isa::Avx2],
             Isa::Baseline => vec![],
@@ -296,6 +282,6 @@ mod tests {
         let strided = Tensor::randn([16, 8], (Kind::Float, Device::Cpu)).tr();
         assert!(linear(&x, &strided).is_none(), "non-contiguous weight");
         let under_no_grad = tch::no_grad(|| linear(&x, &w));
-        assert_eq!(under_no_grad.is_some(), crate::vmath::isa() != Isa::Baseline);
+        assert_eq!(under_no_grad.is_some(), crate::kernels::vmath::isa() != Isa::Baseline);
     }
 }

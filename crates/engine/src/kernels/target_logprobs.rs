@@ -9,7 +9,7 @@
 //! times, 326 MB a pass for a 32 × 52-token GRPO batch at SmolLM2's 49k vocabulary. Here a row
 //! (192 KB) comes from memory once and is reread from cache: the LM head of that batch, forward
 //! and backward, 1.52 → 1.40 s on 2 cores (the rest is its two GEMMs).
-use crate::vmath::exp_f32;
+use crate::kernels::vmath::exp_f32;
 use tch::{Device, Kind, Tensor};
 
 /// Log-probs [N] and entropies [N] (float32), and q [N, V] when `with_q`. `None` when the
@@ -20,7 +20,7 @@ pub fn target_logprobs(
     inv_t: f32,
     with_q: bool,
 ) -> Option<(Tensor, Tensor, Option<Tensor>)> {
-    if logits.device() != Device::Cpu || logits.kind() != Kind::Float || logits.dim() != 2 {
+    if !super::f32_cpu(&[logits]) || logits.dim() != 2 {
         return None;
     }
     let (n, v) = (logits.size()[0] as usize, logits.size()[1] as usize);
@@ -33,7 +33,7 @@ pub fn target_logprobs(
     // Addresses as integers so the closure is Sync; each thread writes only its own rows.
     let (xp, qp) = (x.data_ptr() as usize, q.as_ref().map_or(0, |q| q.data_ptr() as usize));
     let (lpp, entp) = (lp.as_mut_ptr() as usize, ent.as_mut_ptr() as usize);
-    crate::omp::parallel(threads, &|t, nt| {
+    crate::kernels::omp::parallel(threads, &|t, nt| {
         let per = n.div_ceil(nt);
         let mut scratch = if qp == 0 { vec![0f32; v] } else { vec![] };
         let rows = t * per..((t + 1) * per).min(n);
@@ -56,14 +56,14 @@ pub fn target_logprobs(
     Some((Tensor::from_slice(&lp), Tensor::from_slice(&ent), q))
 }
 
-crate::vmath::simd_dispatch!(
+crate::kernels::vmath::simd_dispatch!(
     /// One row: writes q = softmax − onehot(target) into `q`, returns (log p(target), entropy).
     fn softmax_row(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) = softmax_row_plain
 );
 
 #[inline(always)]
 fn softmax_row_plain(x: &[f32], target: usize, inv_t: f32, q: &mut [f32]) -> (f64, f64) {
-    let max = crate::vmath::max(x);
+    let max = crate::kernels::vmath::max(x);
     // With u = (x − max)/t: s = Σ e^u, su = Σ e^u·u; log Z = max/t + ln s and
     // H = log Z − Σ p·z = ln s − su/s.
     let (s, su) = exps(x, max, inv_t, q);
