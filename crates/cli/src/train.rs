@@ -9,7 +9,7 @@ use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task}
 use knowrl_rl::config::{Suite, TrainConfig};
 use knowrl_rl::method::{StepMetrics, TrainEnv};
 use knowrl_rl::task::Task;
-use knowrl_rl::trainer::train;
+use knowrl_rl::trainer::train_with_eval;
 use knowrl_world::questions::Split;
 use std::path::PathBuf;
 
@@ -138,30 +138,28 @@ pub fn train_with_progress(
     };
     let env = TrainEnv { policy, reference: reference.as_ref(), retriever: retriever.as_dyn(), dense };
     let periodic = PeriodicEval::new(cfg, retriever)?;
-    let metrics = train(&env, &tasks, cfg, resume, &|m| {
-        if let Some(e) = &periodic {
-            if let Err(err) = e.run(policy, m.step + 1) {
-                bar.println(format!("periodic evaluation failed: {err:#}"));
-            }
-        }
+    let evaluate =
+        |p: &Policy| periodic.as_ref().expect("only called with an evaluator").run(p).map_err(|e| format!("{e:#}"));
+    let on_step = |m: &StepMetrics| {
         bar.set_position(m.step + 1);
         bar.set_message(format!(
             "reward {:.3} tools {:.2} kl {:.4} {:.1}s/step",
             m.reward, m.tool_calls, m.kl, m.step_s
         ));
-    })?;
+    };
+    let eval: Option<knowrl_rl::trainer::Evaluate> = if periodic.is_some() { Some(&evaluate) } else { None };
+    let metrics = train_with_eval(&env, &tasks, cfg, resume, &on_step, eval)?;
     bar.finish_and_clear();
     Ok(metrics)
 }
 
-/// `run.eval_every`: greedy validation-split evaluation during training, appended to eval.jsonl.
+/// `run.eval_every`: greedy validation-split evaluation during training (the trainer writes its
+/// rows to eval.jsonl and TensorBoard).
 struct PeriodicEval<'a> {
     cfg: &'a TrainConfig,
     retriever: &'a SearchTool,
     questions: Vec<knowrl_world::questions::Question>,
     items: Vec<knowrl_world::suites::ScenarioItem>,
-    /// The same figures for TensorBoard, as `eval/<name>` (opened at the first evaluation).
-    board: std::cell::RefCell<Option<knowrl_rl::tensorboard::EventWriter>>,
 }
 
 impl<'a> PeriodicEval<'a> {
@@ -176,15 +174,12 @@ impl<'a> PeriodicEval<'a> {
         let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
         let mut items = scenario_items(w, Split::Valid, &all).map_err(anyhow::Error::msg)?;
         items.truncate(take(items.len()));
-        Ok(Some(PeriodicEval { cfg, retriever, questions, items, board: Default::default() }))
+        Ok(Some(PeriodicEval { cfg, retriever, questions, items }))
     }
 
-    fn run(&self, policy: &Policy, done: u64) -> Result<()> {
+    fn run(&self, policy: &Policy) -> Result<serde_json::Value> {
         use knowrl_rl::task::Prompt;
-        if !done.is_multiple_of(self.cfg.run.eval_every) {
-            return Ok(());
-        }
-        let row = match self.cfg.data.suite {
+        Ok(match self.cfg.data.suite {
             Suite::Context => {
                 let refs: Vec<_> = self.items.iter().collect();
                 let r = knowrl_eval::scenarios(policy, &refs, |s| {
@@ -192,7 +187,7 @@ impl<'a> PeriodicEval<'a> {
                 })?;
                 let em: serde_json::Map<String, serde_json::Value> =
                     r.overall.iter().map(|(k, c)| (k.clone(), serde_json::json!(c.rate()))).collect();
-                serde_json::json!({"step": done, "scenario_em": em})
+                serde_json::json!({"scenario_em": em})
             }
             _ => {
                 let refs: Vec<_> = self.questions.iter().collect();
@@ -201,32 +196,9 @@ impl<'a> PeriodicEval<'a> {
                 let prompt =
                     |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
                 let a = knowrl_eval::agent(policy, self.retriever.as_dyn(), &refs, prompt, &agent)?;
-                serde_json::json!({"step": done, "em": a.em, "tc": a.tc, "tp": a.tp, "boundary_accuracy": a.boundary_accuracy})
+                serde_json::json!({"em": a.em, "tc": a.tc, "tp": a.tp, "boundary_accuracy": a.boundary_accuracy})
             }
-        };
-        let mut board = self.board.borrow_mut();
-        if board.is_none() {
-            *board = Some(knowrl_rl::tensorboard::EventWriter::create(&self.cfg.run.out_dir)?);
-        }
-        let flat = |v: &serde_json::Value| -> Vec<(String, f64)> {
-            let mut out = vec![];
-            for (k, x) in v.as_object().into_iter().flatten().filter(|(k, _)| *k != "step") {
-                match x {
-                    serde_json::Value::Object(inner) => {
-                        out.extend(inner.iter().filter_map(|(s, x)| Some((format!("eval/{k}/{s}"), x.as_f64()?))))
-                    }
-                    x => out.extend(x.as_f64().map(|x| (format!("eval/{k}"), x))),
-                }
-            }
-            out
-        };
-        // Plotted at the step index of the training step it follows (metrics.jsonl's numbering).
-        board.as_mut().expect("opened above").scalars(done as i64 - 1, &flat(&row))?;
-        use std::io::Write;
-        let path = self.cfg.run.out_dir.join("eval.jsonl");
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
-        writeln!(f, "{row}")?;
-        Ok(())
+        })
     }
 }
 

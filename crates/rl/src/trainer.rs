@@ -18,6 +18,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
 
+/// A periodic evaluation of the policy (`run.eval_every`): a JSON object of figures, or why it
+/// failed (the run goes on without that row).
+pub type Evaluate<'a> = &'a dyn Fn(&Policy) -> Result<serde_json::Value, String>;
+
 /// Trains `env.policy` in place for `cfg.run.steps` steps (continuing from the latest
 /// checkpoint when `resume`). Returns the metrics of the steps run by this call.
 pub fn train(
@@ -26,6 +30,20 @@ pub fn train(
     cfg: &TrainConfig,
     resume: bool,
     on_step: &dyn Fn(&StepMetrics),
+) -> knowrl_engine::Result<Vec<StepMetrics>> {
+    train_with_eval(env, tasks, cfg, resume, on_step, None)
+}
+
+/// [`train`], evaluating every `run.eval_every` steps with `evaluate`. The trainer is the one
+/// owner of `eval.jsonl` (rows `{"step": steps done, …}`): it starts it afresh, trims it to
+/// the checkpoint on resume, appends each row, and logs the figures to TensorBoard as `eval/*`.
+pub fn train_with_eval(
+    env: &TrainEnv,
+    tasks: &[Task],
+    cfg: &TrainConfig,
+    resume: bool,
+    on_step: &dyn Fn(&StepMetrics),
+    evaluate: Option<Evaluate>,
 ) -> knowrl_engine::Result<Vec<StepMetrics>> {
     let (policy, reference) = (env.policy, env.reference);
     let tok = policy.tokenizer()?;
@@ -97,17 +115,22 @@ pub fn train(
             extra,
             ..out.metrics
         };
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
-        writeln!(f, "{}", serde_json::to_string(&metrics).unwrap())
-            .map_err(|e| knowrl_engine::EngineError::io(&metrics_path, e))?;
+        append_jsonl(&metrics_path, &serde_json::to_value(&metrics).unwrap())?;
         board.scalars(step as i64, &scalars(&metrics))?;
+        let done = step + 1;
+        if let (Some(eval), true) = (evaluate, cfg.run.eval_every > 0 && done.is_multiple_of(cfg.run.eval_every)) {
+            match eval(policy) {
+                Ok(mut row) => {
+                    // Plotted at the index of the step it follows (metrics.jsonl's numbering).
+                    board.scalars(step as i64, &eval_scalars(&row))?;
+                    row["step"] = done.into();
+                    append_jsonl(&cfg.run.out_dir.join("eval.jsonl"), &row)?;
+                }
+                Err(e) => eprintln!("step {done}: periodic evaluation failed: {e}"),
+            }
+        }
         on_step(&metrics);
         all.push(metrics);
-        let done = step + 1;
         if (cfg.run.checkpoint_every > 0 && done % cfg.run.checkpoint_every == 0) || done == cfg.run.steps {
             let m = method.state(env)?;
             let mut tensors: Vec<(String, tch::Tensor)> = m.tensors.into_iter().collect();
@@ -117,6 +140,30 @@ pub fn train(
         }
     }
     Ok(all)
+}
+
+/// Appends one JSON row to a JSONL log.
+fn append_jsonl(path: &std::path::Path, row: &serde_json::Value) -> knowrl_engine::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| knowrl_engine::EngineError::io(path, e))?;
+    writeln!(f, "{row}").map_err(|e| knowrl_engine::EngineError::io(path, e))
+}
+
+/// An evaluation row's figures as `eval/<name>` (nested objects as `eval/<name>/<key>`).
+fn eval_scalars(row: &serde_json::Value) -> Vec<(String, f64)> {
+    let mut out = vec![];
+    for (k, x) in row.as_object().into_iter().flatten().filter(|(k, _)| *k != "step") {
+        match x {
+            serde_json::Value::Object(inner) => {
+                out.extend(inner.iter().filter_map(|(s, x)| Some((format!("eval/{k}/{s}"), x.as_f64()?))))
+            }
+            x => out.extend(x.as_f64().map(|x| (format!("eval/{k}"), x))),
+        }
+    }
+    out
 }
 
 /// Every figure of a step's metrics as `train/<name>` (method extras included), for TensorBoard.

@@ -185,3 +185,37 @@ fn bridge_resumes_bit_identically_with_its_retriever_state() {
     }
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// The trainer owns eval.jsonl: it calls the evaluator every `run.eval_every` steps, appends
+/// `{"step": done, …}`, starts the file afresh on a new run, and skips a failed evaluation.
+#[test]
+fn periodic_evaluations_are_appended_by_the_trainer() {
+    tch::set_num_threads(1);
+    let r = retriever();
+    let tasks = agent_tasks(50);
+    let dir = std::env::temp_dir().join(format!("knowrl-train-eval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("eval.jsonl"), "{\"step\":7,\"em\":0.9}\n").unwrap(); // a previous run's
+    let mut cfg = config(&dir, 3, "");
+    cfg.run.eval_every = 1;
+    let p = policy();
+    let calls = std::cell::Cell::new(0);
+    let evaluate = |_: &knowrl_engine::Policy| {
+        calls.set(calls.get() + 1);
+        if calls.get() == 2 {
+            return Err("the evaluator broke".to_string());
+        }
+        Ok(serde_json::json!({"em": 0.25 * calls.get() as f64}))
+    };
+    let env = TrainEnv { policy: &p, reference: None, retriever: &r, dense: None };
+    knowrl_rl::trainer::train_with_eval(&env, &tasks, &cfg, false, &|_| {}, Some(&evaluate)).unwrap();
+    assert_eq!(calls.get(), 3);
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("eval.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows, vec![serde_json::json!({"step": 1, "em": 0.25}), serde_json::json!({"step": 3, "em": 0.75})]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
