@@ -86,7 +86,7 @@ checkpoint_every = 0
 
 fn worker(model: &std::path::Path, steps: u64) -> Result<Value> {
     let cfg = config(model, steps)?;
-    let policy = crate::train::load(&cfg)?;
+    let policy = knowrl_run::load(&cfg)?;
     // The same 4 questions every step (the trainer draws them at random: cycle them 4 at a time).
     let tasks: Vec<Task> = QUESTIONS
         .iter()

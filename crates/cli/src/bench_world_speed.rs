@@ -64,8 +64,8 @@ pub fn run(a: Args) -> Result<()> {
         cfg.run.out_dir = scratch.join(&name);
         cfg.run.eval_every = 0;
         cfg.run.checkpoint_every = 0;
-        let policy = crate::train::load(&cfg)?;
-        let tool = crate::train::retriever(&cfg)?;
+        let policy = knowrl_run::load(&cfg)?;
+        let tool = knowrl_run::retriever(&cfg)?;
         let metrics = crate::train::train_with_progress(&policy, &tool, &cfg, false, &name)
             .with_context(|| format!("{}: training", path.display()))?;
         let timed = &metrics[1..];

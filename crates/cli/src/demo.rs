@@ -41,8 +41,8 @@ fn grpo_before_after(world: &std::path::Path, steps: Option<u64>, seed: Option<u
     cfg.data.world = world.to_path_buf();
     let qs = knowrl_eval::data::questions(world, knowrl_world::questions::Split::Valid).map_err(anyhow::Error::msg)?;
     let refs: Vec<_> = qs.iter().collect();
-    let policy = crate::train::load(&cfg)?;
-    let retriever = crate::train::retriever(&cfg)?;
+    let policy = knowrl_run::load(&cfg)?;
+    let retriever = knowrl_run::retriever(&cfg)?;
     let agent = cfg.rollout.agent(0.0);
     let prompt = |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
     let before = knowrl_eval::agent(&policy, retriever.as_dyn(), &refs, prompt, &agent)?;

@@ -166,7 +166,7 @@ pub fn run(a: Args) -> Result<()> {
             let policy = local.as_ref().expect("checked above");
             let qs = take(questions(&a.world, world_split).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = qs.iter().collect();
-            let retriever = crate::world_eval::world_retriever(&a.world)?;
+            let retriever = knowrl_run::world_retriever(&a.world)?;
             let cfg = knowrl_rl::agent::AgentConfig::new(a.max_turns, a.topk, 48, 0.0);
             let trajs = knowrl_eval::agent_trajectories(
                 policy,

@@ -2,7 +2,8 @@
 //! method vs its baseline over several seeds, plus ablation rows — printed in the paper's table
 //! layout and written to `bench/results/reproduce-<method>.json` with a Markdown report and SVG
 //! plots. A benchmark, not a test: minutes to an hour on 2 CPU cores.
-use crate::train::{load, train_with_progress};
+use crate::train::train_with_progress;
+use knowrl_run::load;
 use anyhow::Result;
 use knowrl_eval::data::{questions, scenario_items};
 use knowrl_eval::plot::bar_svg;
@@ -113,7 +114,7 @@ fn run_arms<T>(base: &TrainConfig, arms: &[Arm], a: &Args, method: &str, eval: E
             cfg.run.out_dir = PathBuf::from(format!("runs/reproduce-{method}/{}-seed{seed}", slug(arm.label)));
             cfg.validate().map_err(anyhow::Error::msg)?;
             let policy = load(&cfg)?;
-            let retriever = crate::train::retriever(&cfg)?;
+            let retriever = knowrl_run::retriever(&cfg)?;
             let m = train_with_progress(&policy, &retriever, &cfg, false, &format!("{} seed {seed}", arm.label))?;
             step_s.push(m.iter().map(|x| x.step_s).sum::<f64>() / m.len().max(1) as f64);
             let dense =
@@ -321,7 +322,7 @@ fn akbe(a: Args) -> Result<()> {
     let world = base.data.world.clone();
     let qs = sample(questions(&world, Split::Test).map_err(anyhow::Error::msg)?, a.limit);
     let refs: Vec<&knowrl_world::questions::Question> = qs.iter().collect();
-    let retriever = crate::world_eval::world_retriever(&world)?;
+    let retriever = knowrl_run::world_retriever(&world)?;
     let r = &base.rollout;
     let agent_cfg = r.agent(0.0);
     let eval = |p: &knowrl_engine::Policy| -> Result<AgentReport> {
@@ -540,7 +541,7 @@ fn bridge(a: Args) -> Result<()> {
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
-    let fixed = crate::train::retriever(&base)?;
+    let fixed = knowrl_run::retriever(&base)?;
     let before = eval(&policy, fixed.dense().expect("the world's retriever is dense"), &[])?;
     let trained = run_arms(&base, &arms, &a, "bridge", &eval)?;
     let rows: Vec<Row<BridgeEval>> =

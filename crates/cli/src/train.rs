@@ -1,21 +1,18 @@
 //! `knowrl train --config FILE`: RL of a policy on the world with one of the methods (GRPO /
-//! DAPO / GSPO on the agent loop, Knowledgeable-R1 on context items, AKBE on the agent loop).
+//! DAPO / GSPO on the agent loop, Knowledgeable-R1 on context items, AKBE on the agent loop),
+//! with a progress bar; the run itself is composed by `knowrl_run`.
 //! Metrics per step go to `<out_dir>/metrics.jsonl`, checkpoints to
 //! `<out_dir>/checkpoints/step-N`; `--resume` continues from the latest checkpoint exactly.
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use knowrl_engine::{LoadOptions, Policy};
-use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task};
-use knowrl_rl::config::{Suite, TrainConfig};
-use knowrl_rl::method::{StepMetrics, TrainEnv};
-use knowrl_rl::task::Task;
-use knowrl_rl::trainer::train_with_eval;
-use knowrl_world::questions::Split;
+use knowrl_engine::Policy;
+use knowrl_rl::config::TrainConfig;
+use knowrl_rl::method::StepMetrics;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Training config (TOML; see crates/rl/src/config.rs for every field).
+    /// Training config (TOML; every field is documented in crates/rl/src/sections.rs and the method files).
     #[arg(long)]
     pub config: PathBuf,
     /// Continue from the latest checkpoint in the run's out_dir.
@@ -32,86 +29,7 @@ pub struct Args {
     pub export_adapter: Option<PathBuf>,
 }
 
-/// The training tasks a config asks for (train split of the world).
-pub fn tasks(cfg: &TrainConfig) -> Result<Vec<Task>> {
-    let w = &cfg.data.world;
-    let t: Vec<Task> = match cfg.data.suite {
-        Suite::Agent => questions(w, Split::Train).map_err(anyhow::Error::msg)?.iter().map(question_task).collect(),
-        Suite::Context => scenario_items(w, Split::Train, &cfg.data.scenarios)
-            .map_err(anyhow::Error::msg)?
-            .iter()
-            .map(scenario_task)
-            .collect(),
-        Suite::Jsonl => {
-            knowrl_eval::data::jsonl_tasks(cfg.data.path.as_ref().expect("validated")).map_err(anyhow::Error::msg)?
-        }
-    };
-    anyhow::ensure!(!t.is_empty(), "{}: no training tasks for suite {:?}", w.display(), cfg.data.suite);
-    Ok(t)
-}
-
-/// A frozen copy of the starting weights, when something needs it and LoRA cannot provide it;
-/// or of a checkpoint of this run's model, when the method names one (offline AKBE).
-pub fn reference(cfg: &TrainConfig) -> Result<Option<Policy>> {
-    let spec = cfg.method.spec();
-    if let Some(dir) = spec.reference_checkpoint() {
-        let step = knowrl_engine::checkpoint::resolve(&dir)?;
-        let p = load(cfg)?;
-        knowrl_engine::checkpoint::load_params(&step, &p.trainable_parameters())
-            .with_context(|| format!("loading the reference checkpoint {}", step.display()))?;
-        return Ok(Some(p));
-    }
-    let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || spec.needs_reference();
-    Ok(if needs { Some(Policy::load(&cfg.model.path, &LoadOptions::default())?) } else { None })
-}
-
-pub fn load(cfg: &TrainConfig) -> Result<Policy> {
-    Policy::load(
-        &cfg.model.path,
-        &LoadOptions { lora: cfg.model.lora.clone(), seed: cfg.run.seed as i64, ..Default::default() },
-    )
-    .with_context(|| format!("loading {}", cfg.model.path.display()))
-}
-
-/// The search tool of a run: a dense retriever (the world's, or an index's; BRIDGE adapts its
-/// query LoRA) or any other index retriever (BM25, hybrid).
-pub enum SearchTool {
-    Dense(Box<knowrl_retrieval::dense::DenseRetriever>),
-    Other(std::sync::Arc<dyn knowrl_retrieval::Retriever>),
-}
-
-impl SearchTool {
-    pub fn as_dyn(&self) -> &dyn knowrl_retrieval::Retriever {
-        match self {
-            SearchTool::Dense(d) => d.as_ref(),
-            SearchTool::Other(o) => o.as_ref(),
-        }
-    }
-    pub fn dense(&self) -> Option<&knowrl_retrieval::dense::DenseRetriever> {
-        match self {
-            SearchTool::Dense(d) => Some(d),
-            SearchTool::Other(_) => None,
-        }
-    }
-}
-
-/// The run's retriever: `data.index` if given, else the world's; with a fresh query-side LoRA
-/// when BRIDGE trains it.
-pub fn retriever(cfg: &TrainConfig) -> Result<SearchTool> {
-    let lora = cfg.method.spec().query_lora();
-    let bridge = lora.is_some();
-    Ok(match &cfg.data.index {
-        Some(dir) => {
-            let ix = knowrl_retrieval::index::open(dir)?;
-            if bridge || (ix.spec.dense.is_some() && !ix.spec.bm25) {
-                SearchTool::Dense(Box::new(ix.dense(false, lora)?))
-            } else {
-                SearchTool::Other(ix.retriever(None, false)?)
-            }
-        }
-        None => SearchTool::Dense(Box::new(crate::world_eval::world_retriever_with(&cfg.data.world, lora)?)),
-    })
-}
+use knowrl_run::{load, retriever, SearchTool};
 
 /// Trains with a progress bar; returns the metrics of the steps run.
 pub fn train_with_progress(
@@ -121,85 +39,18 @@ pub fn train_with_progress(
     resume: bool,
     label: &str,
 ) -> Result<Vec<StepMetrics>> {
-    let tasks = tasks(cfg)?;
-    let reference = reference(cfg)?;
     let bar = ProgressBar::new(cfg.run.steps);
     bar.set_style(ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
     bar.set_prefix(label.to_string());
-    let dense = if cfg.method.spec().query_lora().is_some() {
-        Some(retriever.dense().ok_or_else(|| {
-            anyhow::anyhow!(
-                "{}: data.index must have dense vectors (the method trains a query LoRA)",
-                cfg.method.name()
-            )
-        })?)
-    } else {
-        None
-    };
-    let env = TrainEnv { policy, reference: reference.as_ref(), retriever: retriever.as_dyn(), dense };
-    let periodic = PeriodicEval::new(cfg, retriever)?;
-    let evaluate =
-        |p: &Policy| periodic.as_ref().expect("only called with an evaluator").run(p).map_err(|e| format!("{e:#}"));
-    let on_step = |m: &StepMetrics| {
+    let metrics = knowrl_run::train(policy, retriever, cfg, resume, &|m| {
         bar.set_position(m.step + 1);
         bar.set_message(format!(
             "reward {:.3} tools {:.2} kl {:.4} {:.1}s/step",
             m.reward, m.tool_calls, m.kl, m.step_s
         ));
-    };
-    let eval: Option<knowrl_rl::trainer::Evaluate> = if periodic.is_some() { Some(&evaluate) } else { None };
-    let metrics = train_with_eval(&env, &tasks, cfg, resume, &on_step, eval)?;
+    })?;
     bar.finish_and_clear();
     Ok(metrics)
-}
-
-/// `run.eval_every`: greedy validation-split evaluation during training (the trainer writes its
-/// rows to eval.jsonl and TensorBoard).
-struct PeriodicEval<'a> {
-    cfg: &'a TrainConfig,
-    retriever: &'a SearchTool,
-    questions: Vec<knowrl_world::questions::Question>,
-    items: Vec<knowrl_world::suites::ScenarioItem>,
-}
-
-impl<'a> PeriodicEval<'a> {
-    fn new(cfg: &'a TrainConfig, retriever: &'a SearchTool) -> Result<Option<PeriodicEval<'a>>> {
-        if cfg.run.eval_every == 0 || cfg.data.suite == Suite::Jsonl {
-            return Ok(None);
-        }
-        let take = |n: usize| if cfg.run.eval_limit == 0 { n } else { cfg.run.eval_limit.min(n) };
-        let w = &cfg.data.world;
-        let mut questions = questions(w, Split::Valid).map_err(anyhow::Error::msg)?;
-        questions.truncate(take(questions.len()));
-        let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
-        let mut items = scenario_items(w, Split::Valid, &all).map_err(anyhow::Error::msg)?;
-        items.truncate(take(items.len()));
-        Ok(Some(PeriodicEval { cfg, retriever, questions, items }))
-    }
-
-    fn run(&self, policy: &Policy) -> Result<serde_json::Value> {
-        use knowrl_rl::task::Prompt;
-        Ok(match self.cfg.data.suite {
-            Suite::Context => {
-                let refs: Vec<_> = self.items.iter().collect();
-                let r = knowrl_eval::scenarios(policy, &refs, |s| {
-                    Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
-                })?;
-                let em: serde_json::Map<String, serde_json::Value> =
-                    r.overall.iter().map(|(k, c)| (k.clone(), serde_json::json!(c.rate()))).collect();
-                serde_json::json!({"scenario_em": em})
-            }
-            _ => {
-                let refs: Vec<_> = self.questions.iter().collect();
-                let r = &self.cfg.rollout;
-                let agent = r.agent(0.0);
-                let prompt =
-                    |q: &knowrl_world::questions::Question| Prompt::user(knowrl_world::prompts::agent(&q.question));
-                let a = knowrl_eval::agent(policy, self.retriever.as_dyn(), &refs, prompt, &agent)?;
-                serde_json::json!({"em": a.em, "tc": a.tc, "tp": a.tp, "boundary_accuracy": a.boundary_accuracy})
-            }
-        })
-    }
 }
 
 pub fn run(a: Args) -> Result<()> {

@@ -6,11 +6,7 @@
 //! (Moves into the eval crate with the evaluation harness.)
 use crate::world::EvalArgs;
 use anyhow::Result;
-use knowrl_engine::encoder::Encoder;
 use knowrl_engine::{LoadOptions, Policy, Rng};
-use knowrl_retrieval::corpus::{read_corpus, Corpus};
-use knowrl_retrieval::dense::{DenseIndex, DenseRetriever};
-use knowrl_retrieval::flat::{FlatIndex, VecDtype};
 use knowrl_retrieval::Retriever;
 use knowrl_rl::agent::AgentConfig;
 use knowrl_rl::reward::exact_match;
@@ -20,30 +16,13 @@ use knowrl_world::suites::ScenarioItem;
 use knowrl_world::{diagnose, prompts};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// Reads a jsonl file; a bad line is reported as `file:line`.
 pub fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec<T>> {
     knowrl_eval::data::load_jsonl(p).map_err(anyhow::Error::msg)
 }
 
-/// The world's search tool: its tiny dense retriever over `corpus.jsonl` (exact, in memory).
-pub fn world_retriever(world: &std::path::Path) -> Result<DenseRetriever> {
-    world_retriever_with(world, None)
-}
-
-/// The same, with a query-side LoRA on the encoder (passages are encoded without it).
-pub fn world_retriever_with(
-    world: &std::path::Path,
-    lora: Option<knowrl_engine::LoraConfig>,
-) -> Result<DenseRetriever> {
-    let (passages, _) = read_corpus(&world.join("corpus.jsonl"), false)?;
-    let enc = Encoder::load(&world.join("encoder"), &LoadOptions { lora, ..Default::default() })?;
-    let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
-    let vecs: Vec<tch::Tensor> = texts.chunks(128).map(|c| enc.embed_passages(c)).collect::<Result<_, _>>()?;
-    let flat = FlatIndex::from_tensor(&tch::Tensor::cat(&vecs, 0), VecDtype::F32);
-    Ok(DenseRetriever::new(enc, DenseIndex::Flat(flat), Arc::new(Corpus::Memory(passages))))
-}
+use knowrl_run::world_retriever;
 
 fn em_rate(preds: &[String], golds: &[&Vec<String>]) -> f64 {
     if preds.is_empty() {
