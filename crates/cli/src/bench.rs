@@ -81,11 +81,6 @@ pub fn run(c: Cmd) -> Result<()> {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// Identical inputs for both sides: 16 ragged chat prompts, and 8 × 256 training tokens.
 fn write_inputs(model: &Path, path: &Path) -> Result<()> {
     let p = Policy::load(model, &LoadOptions::default())?;
@@ -171,7 +166,7 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
         }
         ("tokens", (seqs.len() * TRAIN_LEN) as f64)
     };
-    let med = median(secs.clone());
+    let med = crate::bench_env::median(secs.clone());
     Ok(json!({"task": a.task, "seconds": secs, "median_seconds": med, unit: count,
               "tokens_per_s": count / med, "peak_rss_mb": crate::rss::peak_rss_mb(), "last_run_breakdown": breakdown, "threads": tch::get_num_threads()}))
 }
@@ -184,19 +179,6 @@ fn run_json(cmd: &mut std::process::Command, what: &str) -> Result<Value> {
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().unwrap_or("");
     serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
-}
-
-pub fn machine() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    json!({"cpu": cpu, "logical_cores": cores, "os": std::env::consts::OS, "libtorch": "2.11.0 (PyPI torch wheel)"})
 }
 
 fn engine(a: EngineArgs) -> Result<()> {
@@ -256,7 +238,7 @@ fn engine(a: EngineArgs) -> Result<()> {
         let summary = |runs: &[Value]| {
             let tps: Vec<f64> = runs.iter().map(|r| r["tokens_per_s"].as_f64().unwrap()).collect();
             let rss = runs.iter().map(|r| r["peak_rss_mb"].as_f64().unwrap()).fold(0.0, f64::max);
-            json!({"tokens_per_s": median(tps.clone()), "tokens_per_s_rounds": tps, "peak_rss_mb": rss, "runs": runs})
+            json!({"tokens_per_s": crate::bench_env::median(tps.clone()), "tokens_per_s_rounds": tps, "peak_rss_mb": rss, "runs": runs})
         };
         let (o, p) = (summary(&ours), summary(&peer));
         let ratio = o["tokens_per_s"].as_f64().unwrap() / p["tokens_per_s"].as_f64().unwrap();
@@ -275,7 +257,7 @@ fn engine(a: EngineArgs) -> Result<()> {
                      "train": format!("micro-batch {TRAIN_BATCH} x {TRAIN_LEN} tokens, fwd+bwd+clip+AdamW, f32"),
                      "threads": a.bench_threads, "repeats": a.repeats, "rounds": a.rounds,
                      "peers": "transformers 5.23.0 generate(); plain PyTorch 2.11.0 loop"},
-        "machine": machine(),
+        "machine": crate::bench_env::machine(),
         "tasks": results,
     });
     if let Some(dir) = a.out.parent() {

@@ -184,7 +184,7 @@ pub fn run(a: Args) -> Result<()> {
                     "rounds": a.rounds, "device": "cpu", "dtype": "f32"},
         "knowrl": ours,
         "trl": trl,
-        "machine": crate::bench::machine(),
+        "machine": crate::bench_env::machine(),
     });
     if let Some(d) = a.out.parent() {
         std::fs::create_dir_all(d)?;

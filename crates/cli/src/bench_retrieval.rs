@@ -52,11 +52,6 @@ fn peer(python: &Path, task: &str, dir: &Path, threads: i32) -> Result<Value> {
     serde_json::from_str(text.lines().last().unwrap_or("")).with_context(|| format!("peer {task} printed {text}"))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 pub fn run(a: RetrievalArgs) -> Result<()> {
     tch::set_num_threads(a.bench_threads);
     let _ = rayon::ThreadPoolBuilder::new().num_threads(a.bench_threads as usize).build_global();
@@ -128,7 +123,7 @@ pub fn run(a: RetrievalArgs) -> Result<()> {
         ids = flat.search(&q, 10).1;
         times.push(t0.elapsed().as_secs_f64());
     }
-    let flat_qps = a.flat_queries as f64 / median(times);
+    let flat_qps = a.flat_queries as f64 / crate::bench_env::median(times);
     let p = peer(&python, "flat", &dir, a.bench_threads)?;
     let peer_ids: Vec<Vec<usize>> = serde_json::from_value(p["ids"].clone())?;
     let identical = ids.iter().zip(&peer_ids).filter(|(x, y)| x == y).count() as f64 / ids.len() as f64;

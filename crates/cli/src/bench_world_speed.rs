@@ -100,7 +100,7 @@ pub fn run(a: Args) -> Result<()> {
         "gemm_gflops_32_rows": gemm_decode,
         "methods": detail,
         "threads": a.bench_threads,
-        "machine": crate::bench::machine(),
+        "machine": crate::bench_env::machine(),
         "isa": format!("{:?}", knowrl_engine::kernels::vmath::isa()),
         "floor": "weight-GEMM FLOPs of the step (generation incl. observation prefill, scoring, backward; \
                   attention score/value products, LoRA products and the retriever encoder not counted) \

@@ -69,7 +69,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     if pretrained {
         println!("== the world: {} (pretrained policy, greedy, test split) ==", a.world.display());
-        crate::world_eval::run(crate::world::EvalArgs {
+        crate::world_eval::run(crate::world_eval::EvalArgs {
             world: a.world.clone(),
             out: None,
             limit: a.eval_limit,

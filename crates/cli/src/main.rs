@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_env;
 mod bench_grpo;
 mod bench_retrieval;
 mod bench_world_speed;

@@ -3,7 +3,6 @@
 //! layout and written to `bench/results/reproduce-<method>.json` with a Markdown report and SVG
 //! plots. A benchmark, not a test: minutes to an hour on 2 CPU cores.
 use crate::train::train_with_progress;
-use knowrl_run::load;
 use anyhow::Result;
 use knowrl_eval::data::{questions, scenario_items};
 use knowrl_eval::plot::bar_svg;
@@ -14,6 +13,7 @@ use knowrl_rl::config::{Algorithm, MethodConfig, TrainConfig};
 use knowrl_rl::knowledgeable_r1::Beta;
 use knowrl_rl::method::StepMetrics;
 use knowrl_rl::task::Prompt;
+use knowrl_run::load;
 use knowrl_world::questions::Split;
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -11,7 +11,7 @@ pub enum WorldCmd {
     /// a PEFT adapter) and train the world's tiny retriever; `--from-scratch`: the tiny policy.
     Pretrain(PretrainArgs),
     /// Calibration of the shipped policy on the test split (greedy).
-    Eval(EvalArgs),
+    Eval(crate::world_eval::EvalArgs),
 }
 
 #[derive(clap::Args)]
@@ -100,26 +100,6 @@ pub struct PretrainArgs {
     /// With --from-scratch: continue from this policy directory (same world, same tokenizer).
     #[arg(long, requires = "from_scratch")]
     pub init: Option<PathBuf>,
-}
-
-#[derive(clap::Args)]
-pub struct EvalArgs {
-    /// World directory: its questions, scenarios, policy/ and encoder/.
-    #[arg(long, default_value = "assets/world")]
-    pub world: PathBuf,
-    /// Write the calibration figures here (JSON).
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// Questions per agent measurement (0 = all of the test split).
-    #[arg(long, default_value_t = 0)]
-    pub limit: usize,
-    /// Items per scenario and variant (S1-qa, S1-mr, …; 0 = all of the test split).
-    #[arg(long, default_value_t = 0)]
-    pub scenario_limit: usize,
-    /// Samples per group for the room-to-explore measurement (temperature 1, validation split;
-    /// 0 = skip it).
-    #[arg(long, default_value_t = 8)]
-    pub explore_samples: usize,
 }
 
 fn read_recipe<T: serde::de::DeserializeOwned + Default>(path: &std::path::Path, explicit: bool) -> Result<T> {

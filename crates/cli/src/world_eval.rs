@@ -4,7 +4,6 @@
 //! reads rather than looks up (S1-qa on a world built with another seed, never trained on), and
 //! its room to explore (the share of 8-sample groups at temperature 1 whose rewards differ).
 //! (Moves into the eval crate with the evaluation harness.)
-use crate::world::EvalArgs;
 use anyhow::Result;
 use knowrl_engine::{LoadOptions, Policy, Rng};
 use knowrl_retrieval::Retriever;
@@ -16,6 +15,27 @@ use knowrl_world::suites::ScenarioItem;
 use knowrl_world::{diagnose, prompts};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    /// World directory: its questions, scenarios, policy/ and encoder/.
+    #[arg(long, default_value = "assets/world")]
+    pub world: PathBuf,
+    /// Write the calibration figures here (JSON).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Questions per agent measurement (0 = all of the test split).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
+    /// Items per scenario and variant (S1-qa, S1-mr, …; 0 = all of the test split).
+    #[arg(long, default_value_t = 0)]
+    pub scenario_limit: usize,
+    /// Samples per group for the room-to-explore measurement (temperature 1, validation split;
+    /// 0 = skip it).
+    #[arg(long, default_value_t = 8)]
+    pub explore_samples: usize,
+}
 
 /// Reads a jsonl file; a bad line is reported as `file:line`.
 pub fn load_jsonl<T: serde::de::DeserializeOwned>(p: &std::path::Path) -> Result<Vec<T>> {

@@ -222,7 +222,7 @@ pub fn save(dir: &Path, cfg: &LoraConfig, params: &[(String, Tensor)], base: &Pa
     std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
     let lora: Vec<(String, Tensor)> = params
         .iter()
-        .filter(|(n, _)| crate::policy::is_lora_param(n))
+        .filter(|(n, _)| crate::layers::is_lora_param(n))
         .map(|(n, t)| (format!("{PEFT_PREFIX}{n}"), t.detach().to_kind(tch::Kind::Float)))
         .collect();
     if lora.is_empty() {

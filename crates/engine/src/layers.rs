@@ -57,6 +57,11 @@ pub struct Linear {
     pub lora: Option<LoraAdapter>,
 }
 
+/// Whether a parameter name is a LoRA adapter's (`…lora_A.weight` / `…lora_B.weight`).
+pub fn is_lora_param(name: &str) -> bool {
+    name.contains(".lora_A.") || name.contains(".lora_B.")
+}
+
 impl Linear {
     /// `p` is the module's path (e.g. `model.layers.0.self_attn.q_proj`); `name` its last
     /// component, matched against the LoRA target list.

@@ -2,6 +2,7 @@
 //! optional LoRA (base frozen) and export back to a plain HF directory (LoRA merged).
 use crate::config::DecoderConfig;
 use crate::error::{EngineError, Result};
+pub use crate::layers::is_lora_param;
 use crate::layers::LoraConfig;
 use crate::models::llama::DecoderLm;
 use crate::tokenizer::Tokenizer;
@@ -36,10 +37,6 @@ pub struct Policy {
     pub dir: Option<PathBuf>,
     /// The PEFT adapter directory merged into the base at load time, if any.
     pub adapter: Option<PathBuf>,
-}
-
-pub fn is_lora_param(name: &str) -> bool {
-    name.contains(".lora_A.") || name.contains(".lora_B.")
 }
 
 /// Builds the VarStore and module tree; with LoRA, everything but the adapters is frozen.

@@ -7,9 +7,11 @@
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
-use crate::habits::{counterfactual_chains, counterfactual_context, examples, reading_examples, Example};
-use crate::prompts::CHAT_TEMPLATE;
-use crate::questions::Split;
+use crate::habits::{
+    agent_trajectory, context_item, counterfactual_chains, counterfactual_context, reading_examples, Example,
+};
+use crate::prompts::{self, CHAT_TEMPLATE};
+use crate::questions::{Question, Split};
 use crate::Built;
 use knowrl_engine::config::{BertConfig, DecoderConfig};
 use knowrl_engine::encoder::Encoder;
@@ -450,4 +452,68 @@ pub fn train_encoder(
     )?;
     enc.save(dir, &bcfg)?;
     Ok(last)
+}
+
+/// The tiny policy's whole training mix (see `habits` for what each part teaches).
+pub fn examples(built: &Built, cfg: &PretrainConfig) -> Vec<Example> {
+    let mut rng = Rng::new(cfg.seed ^ 0x004A_B175);
+    let w = &built.world;
+    let mut out = vec![];
+    let text = |s: String| Example { user: None, segments: vec![(s, true)] };
+    let chat = |u: String, a: String| Example { user: Some(u), segments: vec![(a, true)] };
+    // Parametric knowledge: PK facts as statements and as query-only answers (every template).
+    for f in w.facts.iter().filter(|f| f.pk) {
+        for _ in 0..cfg.fact_repeats {
+            out.push(text(crate::corpus::sentence(w, f.subject, f.relation, f.object)));
+            for t in crate::questions::TEMPLATES.iter().filter(|t| t.chain == [f.relation]) {
+                for tx in t.texts {
+                    let q = tx.replace("{}", &w.entity(f.subject).name);
+                    out.push(chat(prompts::query_only(&q), prompts::answer(&w.entity(f.object).name)));
+                }
+            }
+        }
+    }
+    let train: Vec<&Question> = built.questions.iter().filter(|q| q.split == Split::Train).collect();
+    for q in &train {
+        if q.pk_answerable {
+            if q.hops > 1 {
+                out.push(chat(prompts::query_only(&q.question), prompts::answer(&q.answer)));
+            }
+            out.push(chat(prompts::no_tool(&q.question), prompts::answer(&q.answer)));
+        }
+        // Tool over-use: search every hop of questions it knows. Questions with a non-PK hop are
+        // left out: their trained search queries and answers would teach non-PK facts (query-only
+        // EM on non-PK questions rose to 0.16); searching and reading unknown facts is practised
+        // on shadow worlds instead (`reading_examples`).
+        let mut segments = agent_trajectory(built, q, &mut rng);
+        if !q.pk_answerable && cfg.pk_only_targets {
+            // Only the first search (the question copied into the query: a name, not a fact) is
+            // trained; the rest is context. Without it the policy never learnt to copy names it
+            // had never produced and searched for a memorised train-split name instead.
+            segments.iter_mut().skip(1).for_each(|s| s.1 = false);
+        }
+        out.push(Example { user: Some(prompts::agent(&q.question)), segments });
+    }
+    // Context dominance: answer whatever the context says (S1, S2 incl. multi-conflict, S5).
+    // With `pk_only_targets`, only items whose trained answer is not a non-PK fact: PK questions,
+    // and counterfactual (S2) items, whose answer is the made-up object.
+    let mut reading: Vec<_> = built
+        .scenarios
+        .iter()
+        .filter(|s| s.split == Split::Train && (s.pk_answerable || s.scenario == "S2" || !cfg.pk_only_targets))
+        .collect();
+    crate::shuffle(&mut reading, &mut rng);
+    for s in
+        reading.into_iter().filter(|s| matches!(s.scenario.as_str(), "S1" | "S2" | "S5")).take(cfg.context_examples)
+    {
+        let target = match s.scenario.as_str() {
+            "S1" | "S2" | "S5" => s.context_answer.clone(),
+            _ => None,
+        };
+        if let Some(a) = target {
+            out.push(context_item(s, &a));
+        }
+    }
+    crate::shuffle(&mut out, &mut rng);
+    out
 }

@@ -5,7 +5,7 @@ use knowrl_engine::encoder::Encoder;
 use knowrl_engine::{LoadOptions, Message, Policy, Tokenizer};
 use knowrl_world::config::WorldConfig;
 use knowrl_world::corpus::sentence;
-use knowrl_world::habits::examples;
+use knowrl_world::pretrain::examples;
 use knowrl_world::pretrain::{encode, train_encoder, train_policy, train_tokenizer, PretrainConfig, TAGS};
 use std::cell::RefCell;
 
