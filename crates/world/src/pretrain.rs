@@ -3,7 +3,7 @@
 //!
 //! - Tokenizer: byte-level BPE trained with the `tokenizers` crate on the world's text, the
 //!   Search-R1 tags as single tokens, a ChatML template.
-//! - Policy: a Llama-family decoder trained from scratch on `habits::examples` (token-mean
+//! - Policy: a Llama-family decoder trained from scratch on `examples` (token-mean
 //!   NLL, observation tokens masked, AdamW, cosine schedule).
 //! - Retriever: a BertModel trained contrastively (in-batch negatives) on question → first-hop
 //!   passage pairs of the train split, so first-hop retrieval is good and later hops are not.
