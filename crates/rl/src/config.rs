@@ -3,7 +3,6 @@
 //! documented where it is defined; unknown fields are rejected with their name.
 use crate::method::MethodSpec;
 pub use crate::sections::*;
-use crate::{akbe, bridge, grpo, knowledgeable_r1};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -45,21 +44,21 @@ macro_rules! methods {
 
 methods! {
     /// GRPO / DAPO / GSPO (per `algorithm.name`) on the search-agent loop.
-    Grpo => grpo::GrpoConfig,
+    Grpo => crate::grpo::GrpoConfig,
     /// Knowledgeable-R1 ("Resisting Contextual Interference in RAG via Parametric-Knowledge
     /// Reinforcement"): joint PK/CK sampling, single turn.
-    KnowledgeableR1 => knowledgeable_r1::KnowledgeableR1Config,
+    KnowledgeableR1 => crate::knowledgeable_r1::KnowledgeableR1Config,
     /// AKBE (adaptive knowledge-boundary exploration): dual-path rollouts + CE on
     /// knowledge-boundary targets.
-    Akbe => akbe::AkbeConfig,
+    Akbe => crate::akbe::AkbeConfig,
     /// BRIDGE ("Bilevel Retrieval-Credit-Aware Agentic Reinforcement Learning"): query-LoRA
     /// retriever (lower level) + GRPO policy (upper).
-    Bridge => bridge::BridgeConfig,
+    Bridge => crate::bridge::BridgeConfig,
 }
 
 impl Default for MethodConfig {
     fn default() -> Self {
-        MethodConfig::Grpo(grpo::GrpoConfig::default())
+        MethodConfig::Grpo(crate::grpo::GrpoConfig::default())
     }
 }
 

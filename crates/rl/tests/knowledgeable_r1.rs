@@ -235,3 +235,54 @@ fn objectives_values_and_gradient_signs() {
     assert!(step_on(&rows[0]) > 0.0, "positive advantage: log-prob must rise");
     assert!(step_on(&rows[1]) < 0.0, "negative advantage: log-prob must fall");
 }
+
+/// The advantages `step` gives each row are `advantages()` of the rewards of the responses they
+/// carry (the indexing from questions and samples to rows): rewards recomputed from each row's
+/// own response, in the order the step lays rows out (CK rows question by question, then each
+/// PK response's RPK and PK rows).
+#[test]
+fn step_assigns_each_row_the_advantage_of_its_own_reward() {
+    use knowrl_rl::agent::{parse_action, Action};
+    let (rows, tasks, _) = step_ctx_rows("");
+    let policy = common::policy();
+    let tok = policy.tokenizer().unwrap();
+    let reward = |r: &knowrl_rl::update::PgRow, q: usize| {
+        let text = tok.decode(&r.seq.response, true).unwrap();
+        let answer = match parse_action(&text) {
+            Action::Answer(a) => Some(a),
+            _ => None,
+        };
+        knowrl_rl::reward::reward(knowrl_rl::reward::RewardKind::Em, answer.as_deref(), &tasks[q].golden)
+    };
+    let len = |r: &knowrl_rl::update::PgRow| r.seq.loss_mask.iter().filter(|m| **m).count() as f64;
+    let (n_ck, n_pk) = (2, 3);
+    let ck_rows = &rows[..2 * n_ck];
+    let pk_rows = &rows[2 * n_ck..];
+    let batch: Vec<QuestionRewards> = (0..2)
+        .map(|q| {
+            let ck = &ck_rows[q * n_ck..(q + 1) * n_ck];
+            let pk: Vec<_> = pk_rows[q * 2 * n_pk..(q + 1) * 2 * n_pk].iter().skip(1).step_by(2).collect();
+            QuestionRewards {
+                ck: ck.iter().map(|r| reward(r, q)).collect(),
+                pk: pk.iter().map(|r| reward(r, q)).collect(),
+                ck_tokens: ck.iter().map(len).collect(),
+                pk_tokens: pk.iter().map(|r| len(r)).collect(),
+            }
+        })
+        .collect();
+    let want = advantages(&KnowledgeableR1Config { n_pk, n_ck, ..Default::default() }, &batch);
+    for q in 0..2 {
+        for i in 0..n_ck {
+            assert_eq!(ck_rows[q * n_ck + i].advantage, want.ck[q][i], "CK row {q}/{i}");
+        }
+        for i in 0..n_pk {
+            let (rpk, pk) = (&pk_rows[q * 2 * n_pk + 2 * i], &pk_rows[q * 2 * n_pk + 2 * i + 1]);
+            assert_eq!(rpk.seq.response, pk.seq.response);
+            assert_eq!(rpk.advantage, want.rpk[q][i], "RPK row {q}/{i}");
+            assert_eq!(pk.advantage, want.pk[q][i], "PK row {q}/{i}");
+        }
+    }
+    let rewards: Vec<f64> = batch.iter().flat_map(|q| q.ck.iter().chain(&q.pk).copied()).collect();
+    println!("rewards {rewards:?}, beta {}", want.beta);
+    assert!(rewards.iter().any(|r| *r != rewards[0]), "the batch has no reward variance: the check would be vacuous");
+}
