@@ -366,6 +366,18 @@ impl Method for Bridge {
         self.adapter = QueryAdapter::restore(needs_dense(env.dense)?, state)?;
         Ok(())
     }
+
+    /// §4.2's estimator fidelity every `fidelity_every` steps, on the step's own terms (the
+    /// two-state estimator's PG and two RAG terms): a diagnostic the trainer runs between the
+    /// step and the update, so the step itself never back-propagates.
+    fn diagnose(&mut self, ctx: &StepCtx, out: &StepOutput) -> knowrl_engine::Result<Vec<(String, f64)>> {
+        let every = self.cfg.fidelity_every;
+        let rag: Vec<LossTerm> = out.terms.iter().filter(|t| matches!(t, LossTerm::Rag { .. })).cloned().collect();
+        if every == 0 || !ctx.step.is_multiple_of(every) || rag.len() != 2 {
+            return Ok(vec![]);
+        }
+        Ok(fidelity(ctx, out.pg_rows(), &rag)?.into_iter().filter(|(_, v)| v.is_finite()).collect())
+    }
 }
 
 /// Algorithm: one BRIDGE step.
@@ -438,11 +450,6 @@ fn step(
             if let Some(r) = adapter.with_second(dense, || rho(dense, &turns_star, cfg.tau_r)) {
                 rag.push(LossTerm::Rag { turns: rag_turns(&turns_star, r?), coef: -cfg.gamma });
             }
-        }
-    }
-    if cfg.fidelity_every > 0 && ctx.step.is_multiple_of(cfg.fidelity_every) && rag.len() == 2 {
-        for (k, v) in fidelity(ctx, &pg, &rag)?.into_iter().filter(|(_, v)| v.is_finite()) {
-            metrics.extra.insert(k, v);
         }
     }
     let mut terms = vec![LossTerm::Pg { rows: pg, normaliser: None }];

@@ -49,6 +49,11 @@ pub trait Method {
     fn restore(&mut self, _env: &TrainEnv, _state: MethodState) -> knowrl_engine::Result<()> {
         Ok(())
     }
+    /// Opt-in measurements on a step's output before the update (figures for the metrics'
+    /// `extra`); they may back-propagate, and leave no gradient behind.
+    fn diagnose(&mut self, _ctx: &StepCtx, _out: &StepOutput) -> knowrl_engine::Result<Vec<(String, f64)>> {
+        Ok(vec![])
+    }
 }
 
 /// A method's checkpointed state: named tensors (saved as safetensors) and JSON figures.

@@ -93,6 +93,8 @@ pub fn train_with_eval(
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
         let ctx = step_ctx(env, tok, cfg, step);
         let mut out = method.step(&ctx, &picks)?;
+        let diagnostics = method.diagnose(&ctx, &out)?;
+        out.metrics.extra.extend(diagnostics);
         let rollout_s = t0.elapsed().as_secs_f64();
         let rollout_flops = knowrl_engine::flops::total() - flops0;
         let t1 = Instant::now();
