@@ -2,52 +2,23 @@
 //! LoRA on the policy and on the retriever's query encoder, both drawn from seeded generators;
 //! two-state estimator) on the tiny world, twice. Timings and the peak-memory probe differ by
 //! nature and are left out. Each run also exports its LoRA as a PEFT adapter (`--export-adapter`).
+#[path = "../../rl/tests/common/mod.rs"]
+mod common;
 use std::path::Path;
 use std::process::Command;
 
+/// The rl tests' small tiny-world config, as BRIDGE (two-state) with fresh LoRAs, written as TOML.
 fn config(out: &Path) -> String {
-    let world = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-world");
-    format!(
-        r#"
-[model]
-path = "{policy}"
-lora = {{ rank = 4, alpha = 8.0, target_modules = ["q_proj", "v_proj"] }}
-[data]
-world = "{world}"
-[rollout]
-prompts_per_step = 2
-group_size = 3
-max_turns = 2
-topk = 2
-max_tokens_per_turn = 12
-temperature = 1.0
-[algorithm]
-name = "grpo"
-clip_low = 0.2
-clip_high = 0.2
-aggregation = "token_mean"
-normalisation = "mean_std"
-ppo_mini_batch = 3
-[method]
-name = "bridge"
-k = 4
-estimator = "two_state"
-retriever_lr = 0.05
-[optim]
-lr = 1e-2
-weight_decay = 0.0
-max_grad_norm = 1.0
-micro_batch = 4
-[run]
-steps = 2
-seed = 5
-out_dir = "{out}"
-checkpoint_every = 0
-"#,
-        policy = world.join("policy").display(),
-        world = world.display(),
-        out = out.display()
-    )
+    let method = "[method]\nname = \"bridge\"\nk = 4\nestimator = \"two_state\"\nretriever_lr = 0.05\n";
+    let mut c = common::config(out, 2, method);
+    c.model.lora = Some(knowrl_engine::LoraConfig {
+        rank: 4,
+        alpha: 8.0,
+        dropout: 0.0,
+        target_modules: vec!["q_proj".into(), "v_proj".into()],
+    });
+    (c.algorithm.ppo_mini_batch, c.optim.lr, c.run.seed, c.run.checkpoint_every) = (3, 1e-2, 5, 0);
+    toml::to_string(&c).unwrap()
 }
 
 /// metrics.jsonl without the keys that measure time or memory.

@@ -2,49 +2,17 @@
 //! `knowrl_run::reference` on an AKBE config whose `signals_checkpoint` is that run's
 //! checkpoints directory holds the run's trained parameters (not the starting ones); without the
 //! checkpoint it is the starting policy.
+#[path = "../../rl/tests/common/mod.rs"]
+mod common;
 use std::path::Path;
 
+/// The rl tests' small tiny-world config with 8 questions × 4 samples, lr 5e-2 and the
+/// format-aware reward (−1 without an answer: groups differ even when no answer is right).
 fn config(out: &Path, method: &str) -> knowrl_rl::config::TrainConfig {
-    let world = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-world");
-    let text = format!(
-        r#"
-[model]
-path = "{policy}"
-[data]
-world = "{world}"
-[rollout]
-prompts_per_step = 8
-group_size = 4
-max_turns = 2
-topk = 2
-max_tokens_per_turn = 12
-temperature = 1.0
-[algorithm]
-name = "grpo"
-clip_low = 0.2
-clip_high = 0.2
-aggregation = "token_mean"
-normalisation = "mean_std"
-[optim]
-lr = 5e-2
-weight_decay = 0.0
-max_grad_norm = 1.0
-micro_batch = 4
-[run]
-steps = 2
-seed = 2
-out_dir = "{out}"
-checkpoint_every = 0
-[reward]
-name = "em_format"      # -1 without an answer: groups differ even when no answer is right
-{method}
-"#,
-        policy = world.join("policy").display(),
-        world = world.display(),
-        out = out.display()
-    );
-    let c: knowrl_rl::config::TrainConfig = toml::from_str(&text).unwrap();
-    c.validate().unwrap();
+    let mut c = common::config(out, 2, method);
+    (c.rollout.prompts_per_step, c.rollout.group_size, c.optim.lr) = (8, 4, 5e-2);
+    (c.run.seed, c.run.checkpoint_every) = (2, 0);
+    c.reward.name = knowrl_rl::reward::RewardKind::EmFormat;
     c
 }
 
