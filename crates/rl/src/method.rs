@@ -94,24 +94,46 @@ pub struct StepCtx<'a> {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// One step's figures, a row of metrics.jsonl. JSON has no NaN (serde_json writes null), so
+/// null reads back as NaN.
 pub struct StepMetrics {
     pub step: u64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub reward: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub em: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub tool_calls: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub response_len: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub kl: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub entropy: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub clip_frac: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub loss: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub grad_norm: f64,
     pub kept_groups: usize,
+    #[serde(deserialize_with = "null_is_nan")]
     pub rollout_s: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub update_s: f64,
+    #[serde(deserialize_with = "null_is_nan")]
     pub step_s: f64,
     /// Method-specific figures (Knowledgeable-R1's β, AKBE's category counts, …).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty", deserialize_with = "nulls_are_nan")]
     pub extra: BTreeMap<String, f64>,
+}
+
+fn null_is_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+fn nulls_are_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, f64>, D::Error> {
+    Ok(BTreeMap::<String, Option<f64>>::deserialize(d)?.into_iter().map(|(k, v)| (k, v.unwrap_or(f64::NAN))).collect())
 }
 
 /// A step's loss terms and its rollout metrics.
@@ -243,5 +265,26 @@ pub fn rollout_metrics(trajs: &[Trajectory], rewards: &[f64], tasks: &[&Task], g
         tool_calls: trajs.iter().map(|t| t.tool_calls() as f64).sum::<f64>() / n,
         response_len: trajs.iter().map(|t| mask_len(&t.loss_mask)).sum::<f64>() / n,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_metrics_row_with_nan_reads_back_from_its_json() {
+        let m = StepMetrics {
+            step: 3,
+            kl: f64::NAN,
+            step_s: 1.5,
+            extra: [("beta".into(), f64::NAN)].into(),
+            ..Default::default()
+        };
+        let line = serde_json::to_string(&m).unwrap();
+        assert!(line.contains("\"kl\":null"), "{line}");
+        let back: StepMetrics = serde_json::from_str(&line).unwrap();
+        assert!(back.kl.is_nan() && back.extra["beta"].is_nan());
+        assert_eq!((back.step, back.step_s), (3, 1.5));
     }
 }

@@ -9,6 +9,9 @@ use knowrl_rl::task::Prompt;
 use knowrl_world::questions::Split;
 use serde_json::json;
 
+/// Seconds per AKBE step on 2 cores (dual-path rollouts at 4 × (8 + 4)), for the first estimate.
+const AKBE_STEP_S: f64 = 60.0;
+
 pub fn run(a: Args) -> Result<()> {
     let base = base_config(&a, "configs/world-akbe.toml")?;
     let world = base.data.world.clone();
@@ -37,6 +40,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let only = |cats: &'static [Category]| move |c: &mut TrainConfig| akbe_of(c).categories = cats.to_vec();
     use Category::*;
+    let args = a.clone();
     let arms = vec![
         arm("GRPO", false, plain),
         arm("GRPO + AKBE", false, |_| {}),
@@ -51,8 +55,8 @@ pub fn run(a: Args) -> Result<()> {
         arm("w/ Tool-dependent only", true, only(&[ToolDependent])),
         // The paper's offline variant: signals from a fixed GRPO-trained checkpoint (this seed's
         // GRPO row, trained above), not from the starting policy.
-        arm("Offline AKBE (GRPO checkpoint)", true, |c| {
-            let ckpt = PathBuf::from(format!("runs/reproduce-akbe/{}-seed{}/checkpoints", slug("GRPO"), c.run.seed));
+        arm("Offline AKBE (GRPO checkpoint)", true, move |c| {
+            let ckpt = run_dir(&args, "akbe", "GRPO", c.run.seed).join("checkpoints");
             let a = akbe_of(c);
             a.signals = Signals::Offline;
             a.signals_checkpoint = Some(ckpt);
@@ -68,8 +72,8 @@ pub fn run(a: Args) -> Result<()> {
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
-    let before = eval(&policy)?;
-    let trained = run_arms(&base, &arms, &a, "akbe", &|p, _, _| eval(p))?;
+    let (trained, arms_json) = run_arms(&base, &arms, &a, "akbe", AKBE_STEP_S, &|p, _, _| eval(p))?;
+    let before = untrained("akbe", "Pretrained policy", &a, || eval(&policy))?;
     let rows: Vec<Row<AgentReport>> =
         std::iter::once(("Pretrained policy".to_string(), vec![before], vec![])).chain(trained).collect();
     let mut md = String::from("# AKBE on the world's agent suite (test split, greedy)\n\n");
@@ -134,7 +138,7 @@ pub fn run(a: Args) -> Result<()> {
         "tc_ratio_vs_grpo": tc_ratio, "em_delta_vs_grpo": em_delta, "tp_ratio_vs_grpo": tp_ratio,
         "step_time_ratio_vs_grpo": time_ratio, "steps": base.run.steps, "seeds": a.seeds,
         "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(), "seconds": t0.elapsed().as_secs_f64(),
-        "tables": table, "config": base,
+        "tables": table, "config": base, "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-akbe.json"));
     write_outputs(&out, &json, &md, &[("reproduce-akbe.svg".into(), svg)])

@@ -8,6 +8,7 @@ use knowrl_world::questions::Split;
 use serde_json::json;
 
 /// What one BRIDGE-family run is judged on.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct BridgeEval {
     agent: AgentReport,
     /// EM on 2- and 3-hop questions pooled.
@@ -31,6 +32,9 @@ fn mean_extra(m: &[StepMetrics], key: &str) -> f64 {
         v.iter().sum::<f64>() / v.len() as f64
     }
 }
+
+/// Seconds per BRIDGE step on 2 cores (policy step plus a retriever update), for the first estimate.
+const BRIDGE_STEP_S: f64 = 60.0;
 
 pub fn run(a: Args) -> Result<()> {
     use knowrl_rl::bridge::{Estimator, Pipeline};
@@ -96,8 +100,10 @@ pub fn run(a: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
     let fixed = knowrl_run::retriever(&base)?;
-    let before = eval(&policy, fixed.dense().expect("the world's retriever is dense"), &[])?;
-    let trained = run_arms(&base, &arms, &a, "bridge", &eval)?;
+    let (trained, arms_json) = run_arms(&base, &arms, &a, "bridge", BRIDGE_STEP_S, &eval)?;
+    let before = untrained("bridge", "Pretrained policy", &a, || {
+        eval(&policy, fixed.dense().expect("the world's retriever is dense"), &[])
+    })?;
     let rows: Vec<Row<BridgeEval>> =
         std::iter::once(("Pretrained policy".to_string(), vec![before], vec![])).chain(trained).collect();
     let mut md = String::from("# BRIDGE on the world's agent suite (test split, greedy)\n\n");
@@ -184,7 +190,7 @@ pub fn run(a: Args) -> Result<()> {
         "multihop_em_gain_vs_grpo": gain, "recall_gain_vs_grpo": recall_gain,
         "update_memory_ratio_vs_two_state": mem_ratio, "update_rss_ratio_vs_two_state": rss_ratio, "update_time_ratio_vs_two_state": time_ratio,
         "steps": steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(),
-        "seconds": t0.elapsed().as_secs_f64(), "tables": table, "config": base,
+        "seconds": t0.elapsed().as_secs_f64(), "tables": table, "config": base, "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-bridge.json"));
     write_outputs(&out, &json, &md, &[("reproduce-bridge.svg".into(), svg)])

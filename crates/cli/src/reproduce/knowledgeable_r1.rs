@@ -8,6 +8,10 @@ use knowrl_rl::task::Prompt;
 use knowrl_world::questions::Split;
 use serde_json::json;
 
+/// Seconds per step on 2 cores (8 questions × 8 one-turn answers), for the first estimate.
+const KR1_STEP_S: f64 = 4.0;
+const M: &str = "knowledgeable-r1";
+
 pub fn run(a: Args) -> Result<()> {
     let base = base_config(&a, "configs/world-knowledgeable-r1.toml")?;
     let world = base.data.world.clone();
@@ -40,12 +44,20 @@ pub fn run(a: Args) -> Result<()> {
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
+    let (trained, arms_json) =
+        run_arms(&base, &arms, &a, M, KR1_STEP_S, &|p, _, _| Ok(knowrl_eval::scenarios(p, &refs, rag)?))?;
     let baselines = vec![
-        ("Query-only prompting".to_string(), vec![knowrl_eval::scenarios(&policy, &refs, query_only)?], vec![]),
-        ("RAG prompting".to_string(), vec![knowrl_eval::scenarios(&policy, &refs, rag)?], vec![]),
+        (
+            "Query-only prompting".to_string(),
+            vec![untrained(M, "Query-only prompting", &a, || Ok(knowrl_eval::scenarios(&policy, &refs, query_only)?))?],
+            vec![],
+        ),
+        (
+            "RAG prompting".to_string(),
+            vec![untrained(M, "RAG prompting", &a, || Ok(knowrl_eval::scenarios(&policy, &refs, rag)?))?],
+            vec![],
+        ),
     ];
-    let trained =
-        run_arms(&base, &arms, &a, "knowledgeable-r1", &|p, _, _| Ok(knowrl_eval::scenarios(p, &refs, rag)?))?;
     let rows: Vec<Row<ScenarioReport>> = baselines.into_iter().chain(trained).collect();
 
     let scen = ["S1", "S2", "S3", "S4", "S5"];
@@ -126,6 +138,7 @@ pub fn run(a: Args) -> Result<()> {
         "steps": base.run.steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds,
         "test_items": items.len(), "seconds": t0.elapsed().as_secs_f64(), "tables": table,
         "config": base,
+        "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-knowledgeable-r1.json"));
     write_outputs(&out, &json, &md, &[("reproduce-knowledgeable-r1-scenarios.svg".into(), svg)])

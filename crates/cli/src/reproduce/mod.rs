@@ -6,13 +6,14 @@
 //! the arms (a label and a config change), training every arm for its seeds, the cells
 //! (mean ± std over seeds) and the output files.
 use crate::train::train_with_progress;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use knowrl_retrieval::dense::DenseRetriever;
 use knowrl_rl::config::{MethodConfig, TrainConfig};
 use knowrl_rl::method::StepMetrics;
 use knowrl_run::load;
-use serde_json::Value;
-use std::path::PathBuf;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
 mod akbe;
 mod bridge;
@@ -61,6 +62,13 @@ pub struct Args {
     /// Test items per scenario/suite (0 = all of the test split).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
+    /// Rows to train this sitting, by label or slug, comma-separated (default: all). The report
+    /// also shows every other row an earlier sitting finished.
+    #[arg(long, value_delimiter = ',')]
+    pub arms: Vec<String>,
+    /// Where the runs go: one directory per arm × seed under `<runs>/reproduce-<method>/`.
+    #[arg(long, default_value = "runs")]
+    pub runs: PathBuf,
     /// Where the JSON goes (the Markdown report and SVGs go beside it).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -91,7 +99,6 @@ pub(super) fn base_config(a: &Args, default: &str) -> Result<TrainConfig> {
     if let Some(s) = a.steps {
         cfg.run.steps = s;
     }
-    cfg.run.checkpoint_every = 0;
     Ok(cfg)
 }
 
@@ -101,42 +108,238 @@ pub(super) type Evaluate<'a, T> = &'a dyn Fn(&knowrl_engine::Policy, &DenseRetri
 /// A row: its label, one evaluation per seed, and mean seconds per step per seed.
 pub(super) type Row<T> = (String, Vec<T>, Vec<f64>);
 
-/// Trains every arm for its seeds and evaluates each result with `eval`.
-pub(super) fn run_arms<T>(
+/// What a finished arm × seed leaves in its run directory (`result.toml`: TOML keeps the NaN
+/// of an empty subset, which JSON cannot), so that a rerun skips it: the evaluation, what it
+/// was evaluated on, and the run's time.
+#[derive(Serialize, Deserialize, Clone)]
+struct Finished<T> {
+    /// The test items the evaluation saw (`--limit`); another value re-evaluates the checkpoint.
+    eval_key: String,
+    eval: T,
+    step_s: f64,
+    /// Training (the sum of every step's time, over all sittings) plus evaluation, seconds.
+    wall_s: f64,
+}
+
+fn read_toml<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(toml::from_str(&text).with_context(|| format!("{}: not a reproduce record", path.display()))?))
+}
+
+fn write_toml(path: &Path, v: &impl Serialize) -> Result<()> {
+    let text = toml::to_string(v).with_context(|| format!("{}: serialising", path.display()))?;
+    knowrl_engine::fsutil::write_atomic(path, text.as_bytes())?;
+    Ok(())
+}
+
+/// The first path at which two JSON values differ (`a.b[2]`), if any.
+fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                first_difference(x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), path)
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(p, q, format!("{at}[{i}]")))
+        }
+        _ => (a != b).then_some(at),
+    }
+}
+
+/// The untrained policy's row, evaluated once per `eval_key` and kept in
+/// `runs/reproduce-<method>/<name>/result.toml` like a trained arm's.
+pub(super) fn untrained<T: Serialize + DeserializeOwned>(
+    method: &str,
+    name: &str,
+    a: &Args,
+    eval: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let dir = a.runs.join(format!("reproduce-{method}/{}", slug(name)));
+    let path = dir.join("result.toml");
+    let key = eval_key(a);
+    if let Some(f) = read_toml::<Finished<T>>(&path)?.filter(|f| f.eval_key == key) {
+        eprintln!("{name}: from {}", path.display());
+        return Ok(f.eval);
+    }
+    let t0 = std::time::Instant::now();
+    let value = eval()?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let wall_s = t0.elapsed().as_secs_f64();
+    let f = Finished { eval_key: key, eval: value, step_s: f64::NAN, wall_s };
+    write_toml(&path, &f)?;
+    Ok(f.eval)
+}
+
+fn eval_key(a: &Args) -> String {
+    format!("test split, limit {}", a.limit)
+}
+
+/// The arms `--arms` selects (all when it is empty); an unknown name is an error listing them.
+fn selected(arms: &[Arm], a: &Args) -> Result<Vec<bool>> {
+    let names: Vec<String> = arms.iter().map(|x| slug(x.label)).collect();
+    for want in &a.arms {
+        if !names.contains(&slug(want)) {
+            anyhow::bail!("--arms: no arm {want:?}; the arms are: {}", names.join(", "));
+        }
+    }
+    Ok(names.iter().map(|n| a.arms.is_empty() || a.arms.iter().any(|w| slug(w) == *n)).collect())
+}
+
+/// Trains every selected arm for its seeds and evaluates each result with `eval`; arms left out
+/// by `--arms` contribute the seeds an earlier sitting finished. Each arm × seed is a run
+/// directory `runs/reproduce-<method>/<arm>-seed<k>` with checkpoints: a finished one is read
+/// back (`result.toml`), an interrupted one resumes, one trained under another config is an
+/// error (nothing is overwritten). `typical_step_s` prices the runs no sitting has timed yet.
+/// Returns the rows and, per arm, its config and wall times (the report's `arms`).
+pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
     base: &TrainConfig,
     arms: &[Arm],
     a: &Args,
     method: &str,
+    typical_step_s: f64,
     eval: Evaluate<T>,
-) -> Result<Vec<Row<T>>> {
-    let mut out = vec![];
-    for arm in arms {
+) -> Result<(Vec<Row<T>>, Value)> {
+    let chosen = selected(arms, a)?;
+    let key = eval_key(a);
+    struct Plan {
+        arm: usize,
+        cfg: TrainConfig,
+        dir: PathBuf,
+        done: Option<Finished<toml::Value>>,
+    }
+    let mut plans = vec![];
+    for (i, arm) in arms.iter().enumerate() {
         let seeds = if arm.ablation { a.ablation_seeds } else { a.seeds };
-        let (mut evals, mut step_s) = (vec![], vec![]);
         for seed in 1..=seeds {
             let mut cfg = base.clone();
             cfg.run.seed = seed;
             (arm.edit)(&mut cfg);
-            cfg.run.out_dir = PathBuf::from(format!("runs/reproduce-{method}/{}-seed{seed}", slug(arm.label)));
+            let dir = run_dir(a, method, arm.label, seed);
+            cfg.run.out_dir = dir.clone();
+            // Checkpoints make an interrupted arm resumable (reproduce runs in sittings).
+            cfg.run.checkpoint_every = (cfg.run.steps / 4).max(1);
+            cfg.run.eval_every = 0;
             cfg.validate().map_err(anyhow::Error::msg)?;
-            let policy = load(&cfg)?;
-            let retriever = knowrl_run::retriever(&cfg)?;
-            let m = train_with_progress(&policy, &retriever, &cfg, false, &format!("{} seed {seed}", arm.label))?;
-            step_s.push(m.iter().map(|x| x.step_s).sum::<f64>() / m.len().max(1) as f64);
-            let dense =
-                retriever.dense().ok_or_else(|| anyhow::anyhow!("reproduce runs on the world's dense retriever"))?;
-            evals.push(eval(&policy, dense, &m)?);
-            eprintln!("{}: seed {seed} done", arm.label);
-        }
-        if seeds > 0 {
-            out.push((arm.label.to_string(), evals, step_s));
+            if dir.join("checkpoints").exists() && !dir.join("config.toml").exists() {
+                anyhow::bail!(
+                    "{}: checkpoints without a config.toml (not a reproduce run); move it away",
+                    dir.display()
+                );
+            }
+            if let Some(old) = read_toml::<TrainConfig>(&dir.join("config.toml"))? {
+                let old = serde_json::to_value(&old)?;
+                if let Some(field) = first_difference(&old, &serde_json::to_value(&cfg)?, String::new()) {
+                    anyhow::bail!(
+                        "{}: trained under another config (first difference: {field}); move the directory away to train this arm again",
+                        dir.display()
+                    );
+                }
+            }
+            let done = read_toml::<Finished<toml::Value>>(&dir.join("result.toml"))?.filter(|f| f.eval_key == key);
+            plans.push(Plan { arm: i, cfg, dir, done });
         }
     }
-    Ok(out)
+    // Expected wall time: timed runs price their own arm (else the method's mean s/step).
+    let timed: Vec<(usize, f64)> =
+        plans.iter().filter_map(|p| p.done.as_ref().map(|f| (p.arm, f.wall_s / p.cfg.run.steps as f64))).collect();
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let method_s = mean(timed.iter().map(|t| t.1).collect()).unwrap_or(typical_step_s);
+    let todo: Vec<&Plan> = plans.iter().filter(|p| chosen[p.arm] && p.done.is_none()).collect();
+    let expected: f64 = todo
+        .iter()
+        .map(|p| {
+            let s = mean(timed.iter().filter(|t| t.0 == p.arm).map(|t| t.1).collect()).unwrap_or(method_s);
+            s * p.cfg.run.steps as f64
+        })
+        .sum();
+    eprintln!(
+        "reproduce {method}: {} runs to train ({} finished earlier); expected ≈ {:.0} min on this machine",
+        todo.len(),
+        plans.iter().filter(|p| p.done.is_some()).count(),
+        expected.max(0.0) / 60.0
+    );
+    let mut finished: Vec<Option<(Finished<toml::Value>, TrainConfig)>> = vec![];
+    for p in &plans {
+        let arm = &arms[p.arm];
+        if let Some(f) = &p.done {
+            eprintln!("{}: seed {} from {}", arm.label, p.cfg.run.seed, p.dir.display());
+            finished.push(Some((f.clone(), p.cfg.clone())));
+            continue;
+        }
+        if !chosen[p.arm] {
+            finished.push(None);
+            continue;
+        }
+        std::fs::create_dir_all(&p.dir).with_context(|| format!("creating {}", p.dir.display()))?;
+        // Also `knowrl train --config` input: the arm's run on its own.
+        write_toml(&p.dir.join("config.toml"), &p.cfg)?;
+        let resume = p.dir.join("checkpoints").exists();
+        let policy = load(&p.cfg)?;
+        let retriever = knowrl_run::retriever(&p.cfg)?;
+        let label = format!("{} seed {}", arm.label, p.cfg.run.seed);
+        train_with_progress(&policy, &retriever, &p.cfg, resume, &label)?;
+        // Every step of the run, those of earlier sittings included.
+        let steps: Vec<StepMetrics> = std::fs::read_to_string(p.dir.join("metrics.jsonl"))
+            .with_context(|| format!("reading {}/metrics.jsonl", p.dir.display()))?
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{}/metrics.jsonl", p.dir.display()))?;
+        let dense =
+            retriever.dense().ok_or_else(|| anyhow::anyhow!("reproduce runs on the world's dense retriever"))?;
+        let t0 = std::time::Instant::now();
+        let value = eval(&policy, dense, &steps)?;
+        let train_s: f64 = steps.iter().map(|x| x.step_s).sum();
+        let f = Finished {
+            eval_key: key.clone(),
+            eval: toml::Value::try_from(&value)?,
+            step_s: train_s / steps.len().max(1) as f64,
+            wall_s: train_s + t0.elapsed().as_secs_f64(),
+        };
+        write_toml(&p.dir.join("result.toml"), &f)?;
+        eprintln!("{label} done ({:.0} s)", f.wall_s);
+        finished.push(Some((f, p.cfg.clone())));
+    }
+    let (mut rows, mut details) = (vec![], serde_json::Map::new());
+    for (i, arm) in arms.iter().enumerate() {
+        let mine: Vec<&(Finished<toml::Value>, TrainConfig)> =
+            plans.iter().zip(&finished).filter(|(p, _)| p.arm == i).filter_map(|(_, f)| f.as_ref()).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let evals = mine
+            .iter()
+            .map(|(f, _)| f.eval.clone().try_into())
+            .collect::<Result<Vec<T>, _>>()
+            .with_context(|| format!("{}: a result.toml of another version; move it away", arm.label))?;
+        details.insert(
+            arm.label.to_string(),
+            json!({
+                "seeds": mine.iter().map(|(_, c)| c.run.seed).collect::<Vec<_>>(),
+                "wall_s": mine.iter().map(|(f, _)| f.wall_s).collect::<Vec<_>>(),
+                "config": mine[0].1,
+            }),
+        );
+        rows.push((arm.label.to_string(), evals, mine.iter().map(|(f, _)| f.step_s).collect()));
+    }
+    Ok((rows, Value::Object(details)))
+}
+
+/// The run directory of an arm × seed.
+pub(super) fn run_dir(a: &Args, method: &str, label: &str, seed: u64) -> PathBuf {
+    a.runs.join(format!("reproduce-{method}/{}-seed{seed}", slug(label)))
 }
 
 pub(super) fn slug(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect()
+    let dashed: String =
+        s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    dashed.split('-').filter(|w| !w.is_empty()).collect::<Vec<_>>().join("-")
 }
 
 /// Mean and sample std.
