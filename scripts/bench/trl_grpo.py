@@ -2,7 +2,7 @@
 otherwise pick): one process, CPU, fixed threads, SmolLM2-135M-Instruct, 4 prompts x 8
 completions, 64 new tokens, temperature 1, no KL, one optimiser step per batch.
 Prints one JSON line: seconds per step (mean over the measured steps, as knowrl's side) and a breakdown.
-Usage: trl_grpo.py MODEL_DIR STEPS THREADS
+Usage: trl_grpo.py MODEL_DIR STEPS THREADS [DEVICE [DTYPE]]   (DEVICE cpu | cuda..., DTYPE f32 | bf16)
 """
 import json
 import sys
@@ -40,6 +40,8 @@ class Timer(TrainerCallback):
 
 def main():
     model, steps, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
+    dtype = sys.argv[5] if len(sys.argv) > 5 else "f32"
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     data = Dataset.from_list(
@@ -58,8 +60,8 @@ def main():
             logging_steps=1,
             save_strategy="no",
             report_to=[],
-            use_cpu=True,
-            bf16=False,
+            use_cpu=device == "cpu",
+            bf16=dtype == "bf16",
             seed=0,
             shuffle_dataset=False,
             dataloader_num_workers=0,
@@ -76,6 +78,8 @@ def main():
         "trl": __import__("trl").__version__,
         "torch": torch.__version__,
         "threads": threads,
+        "device": device,
+        "dtype": dtype,
     }))
 
 

@@ -28,6 +28,9 @@ pub struct Args {
     pub rounds: usize,
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// Both sides run here (TRL: `use_cpu` off on CUDA, `bf16` for bf16).
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
     /// Internal: run the knowrl side in this process and print JSON.
     #[arg(long, hide = true)]
     pub worker: bool,
@@ -84,8 +87,9 @@ checkpoint_every = 0
     Ok(toml::from_str(&text)?)
 }
 
-fn worker(model: &std::path::Path, steps: u64) -> Result<Value> {
-    let cfg = config(model, steps)?;
+fn worker(model: &std::path::Path, steps: u64, device: &crate::device_args::DeviceArgs) -> Result<Value> {
+    let mut cfg = config(model, steps)?;
+    device.apply(&mut cfg.model);
     let policy = knowrl_run::load(&cfg)?;
     // The same 4 questions every step (the trainer draws them at random: cycle them 4 at a time).
     let tasks: Vec<Task> = QUESTIONS
@@ -124,11 +128,13 @@ pub fn run(a: Args) -> Result<()> {
     anyhow::ensure!(model.join("config.json").exists(), "{} not found: run `make models`", model.display());
     if a.worker {
         tch::set_num_threads(a.bench_threads);
-        println!("{}", worker(&model, a.steps)?);
+        println!("{}", worker(&model, a.steps, &a.device)?);
         return Ok(());
     }
     let python = a.python.clone().unwrap_or_else(|| PathBuf::from(".venv/bin/python"));
     let exe = std::env::current_exe()?;
+    let device = a.device.device.clone().unwrap_or_else(|| "cpu".into());
+    let dtype = a.device.dtype.clone().unwrap_or_else(|| "f32".into());
     let (mut ours, mut trl) = (vec![], vec![]);
     for round in 0..a.rounds {
         eprintln!("round {}/{}: knowrl", round + 1, a.rounds);
@@ -144,6 +150,7 @@ pub fn run(a: Args) -> Result<()> {
             ])
             .arg("--model")
             .arg(&model)
+            .args(["--device", &device, "--dtype", &dtype])
             .output()?;
         anyhow::ensure!(out.status.success(), "knowrl worker failed: {}", String::from_utf8_lossy(&out.stderr));
         ours.push(serde_json::from_slice::<Value>(out.stdout.trim_ascii()).context("knowrl worker output")?);
@@ -151,7 +158,7 @@ pub fn run(a: Args) -> Result<()> {
         let out = std::process::Command::new(&python)
             .arg("scripts/bench/trl_grpo.py")
             .arg(&model)
-            .args([a.steps.to_string(), a.bench_threads.to_string()])
+            .args([a.steps.to_string(), a.bench_threads.to_string(), device.clone(), dtype.clone()])
             .output()?;
         anyhow::ensure!(
             out.status.success(),
@@ -181,7 +188,7 @@ pub fn run(a: Args) -> Result<()> {
         "knowrl_breakdown_s": ours[mk]["breakdown_s"],
         "setting": {"model": model.file_name().map(|s| s.to_string_lossy().to_string()), "prompts": 4, "samples_per_prompt": 8,
                     "max_new_tokens": 64, "temperature": 1.0, "kl": 0.0, "micro_batch": 32, "threads": a.bench_threads, "steps_per_process": a.steps,
-                    "rounds": a.rounds, "device": "cpu", "dtype": "f32"},
+                    "rounds": a.rounds, "device": device, "dtype": dtype},
         "knowrl": ours,
         "trl": trl,
         "machine": crate::bench_env::machine(),

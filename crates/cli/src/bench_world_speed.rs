@@ -25,6 +25,8 @@ pub struct Args {
     pub bench_threads: i32,
     #[arg(long, default_value = "bench/results/world-v2-speed.json")]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
 }
 
 /// Best-of-five float32 GEMM rate (GFLOP/s) of an [m, k] × [k, n] product.
@@ -59,6 +61,7 @@ pub fn run(a: Args) -> Result<()> {
     let scratch = std::env::temp_dir().join(format!("knowrl-world-speed-{}", std::process::id()));
     for path in &a.configs {
         let mut cfg = TrainConfig::load(path)?;
+        a.device.apply(&mut cfg.model);
         let name = method_name(&cfg);
         cfg.run.steps = a.steps;
         cfg.run.out_dir = scratch.join(&name);

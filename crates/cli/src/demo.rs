@@ -75,6 +75,7 @@ pub fn run(a: Args) -> Result<()> {
             limit: a.eval_limit,
             scenario_limit: a.eval_limit / 3,
             explore_samples: 0,
+            device: Default::default(),
         })?;
         if a.grpo_steps != Some(0) {
             grpo_before_after(&a.world, a.grpo_steps, a.seed)?;

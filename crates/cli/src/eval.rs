@@ -1,7 +1,7 @@
 //! `knowrl eval --model DIR --suite NAME`: evaluates any HF model directory (the world's policy,
 //! SmolLM2, a trained checkpoint export) on the world's suites or the real-data samples.
 use anyhow::{Context, Result};
-use knowrl_engine::{LoadOptions, Policy};
+use knowrl_engine::Policy;
 use knowrl_eval::data::{questions, scenario_items};
 use knowrl_eval::real::{load, score_conflict, ConflictRow, FlashRagRow};
 use knowrl_rl::reward::{exact_match, extract_answer, f1, sub_exact_match};
@@ -58,6 +58,8 @@ pub struct Args {
     pub limit: usize,
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
     /// Agent suites: most search calls per question.
     #[arg(long, default_value_t = 4)]
     pub max_turns: usize,
@@ -116,9 +118,10 @@ pub fn run(a: Args) -> Result<()> {
     let world_split = split(&a.split)?;
     let agent_suite = matches!(a.suite, Suite::WorldAgent | Suite::Hotpotqa);
     let (local, served) = match (&a.model, &a.endpoint) {
-        (Some(m), _) => {
-            (Some(Policy::load(m, &LoadOptions::default()).with_context(|| format!("loading {}", m.display()))?), None)
-        }
+        (Some(m), _) => (
+            Some(Policy::load(m, &a.device.load_options()?).with_context(|| format!("loading {}", m.display()))?),
+            None,
+        ),
         (None, Some(url)) => {
             if agent_suite {
                 // Bad usage: exit code 2, like clap's own errors.

@@ -10,6 +10,7 @@ mod bench_grpo;
 mod bench_retrieval;
 mod bench_world_speed;
 mod demo;
+mod device_args;
 mod eval;
 mod generate;
 mod report;

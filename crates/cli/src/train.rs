@@ -27,6 +27,8 @@ pub struct Args {
     /// the latest checkpoint.
     #[arg(long)]
     pub export_adapter: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
 }
 
 use knowrl_run::{load, retriever, SearchTool};
@@ -54,7 +56,10 @@ pub fn train_with_progress(
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let cfg = TrainConfig::load(&a.config)?;
+    let mut cfg = TrainConfig::load(&a.config)?;
+    a.device.apply(&mut cfg.model);
+    cfg.validate()
+        .map_err(|e| knowrl_rl::config::ConfigError(format!("{} with the flags: {e}", a.config.display())))?;
     let policy = load(&cfg)?;
     let retriever = retriever(&cfg)?;
     let metrics = train_with_progress(&policy, &retriever, &cfg, a.resume, "train")?;

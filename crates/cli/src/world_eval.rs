@@ -5,7 +5,7 @@
 //! its room to explore (the share of 8-sample groups at temperature 1 whose rewards differ).
 //! (Moves into the eval crate with the evaluation harness.)
 use anyhow::Result;
-use knowrl_engine::{LoadOptions, Policy, Rng};
+use knowrl_engine::{Policy, Rng};
 use knowrl_retrieval::Retriever;
 use knowrl_rl::agent::AgentConfig;
 use knowrl_rl::reward::exact_match;
@@ -35,6 +35,8 @@ pub struct EvalArgs {
     /// 0 = skip it).
     #[arg(long, default_value_t = 8)]
     pub explore_samples: usize,
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
 }
 
 /// Reads a jsonl file; a bad line is reported as `file:line`.
@@ -155,7 +157,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     let t0 = std::time::Instant::now();
     let questions: Vec<Question> = load_jsonl(&a.world.join("questions.jsonl"))?;
     let scenarios: Vec<ScenarioItem> = load_jsonl(&a.world.join("scenarios.jsonl"))?;
-    let policy = Policy::load(&a.world.join("policy"), &LoadOptions::default())?;
+    let policy = Policy::load(&a.world.join("policy"), &a.device.load_options()?)?;
     let test: Vec<&Question> = questions.iter().filter(|q| q.split == Split::Test).collect();
     let mut report = serde_json::Map::new();
 

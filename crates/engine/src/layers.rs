@@ -92,7 +92,11 @@ impl Linear {
         match &self.lora {
             Some(l) if mode.adapters => {
                 let x = if mode.train && l.dropout > 0.0 { x.dropout(l.dropout, true) } else { x.shallow_clone() };
-                y + x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale
+                // An f32 adapter on a 16-bit base: its path runs in f32, its output is cast back (PEFT).
+                let x = if x.kind() == l.a.kind() { x } else { x.to_kind(l.a.kind()) };
+                let delta = x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale;
+                let delta = if delta.kind() == y.kind() { delta } else { delta.to_kind(y.kind()) };
+                y + delta
             }
             _ => y,
         }

@@ -91,6 +91,10 @@ pub struct AdamW {
     params: Vec<(String, Tensor)>,
     m: Vec<Tensor>,
     v: Vec<Tensor>,
+    /// f32 master copies of 16-bit parameters (a bf16 full fine-tune): the update runs on them
+    /// and the model's weights are rounded from them after each step, as mixed-precision
+    /// training keeps them (torch.amp, verl's FSDP). `None` for f32 parameters.
+    master: Vec<Option<Tensor>>,
     decay: Vec<bool>,
     /// Optimiser steps taken (bias-correction counter).
     pub steps: u64,
@@ -101,14 +105,23 @@ pub struct AdamW {
 
 impl AdamW {
     pub fn new(params: Vec<(String, Tensor)>, cfg: AdamWConfig) -> AdamW {
-        let m = params.iter().map(|(_, p)| p.zeros_like()).collect();
-        let v = params.iter().map(|(_, p)| p.zeros_like()).collect();
+        let master: Vec<Option<Tensor>> = params
+            .iter()
+            .map(|(_, p)| {
+                matches!(p.kind(), tch::Kind::BFloat16 | tch::Kind::Half)
+                    .then(|| tch::no_grad(|| p.detach().to_kind(tch::Kind::Float)))
+            })
+            .collect();
+        // Moments in f32 whatever the parameter's precision.
+        let zeros = |i: usize, p: &Tensor| master[i].as_ref().unwrap_or(p).zeros_like();
+        let m = params.iter().enumerate().map(|(i, (_, p))| zeros(i, p)).collect();
+        let v = params.iter().enumerate().map(|(i, (_, p))| zeros(i, p)).collect();
         let decay = params.iter().map(|(n, _)| decays(n)).collect();
         let mut grad_release = tch::COptimizer::sgd(0.0, 0.0, 0.0, 0.0, false).expect("libtorch SGD");
         for (_, p) in &params {
             grad_release.add_parameters(p, 0).expect("libtorch SGD parameter");
         }
-        AdamW { cfg, params, m, v, decay, steps: 0, grad_release }
+        AdamW { cfg, params, m, v, master, decay, steps: 0, grad_release }
     }
 
     pub fn params(&self) -> &[(String, Tensor)] {
@@ -151,41 +164,56 @@ impl AdamW {
         let bc1 = 1.0 - b1.powi(self.steps as i32);
         let bc2 = 1.0 - b2.powi(self.steps as i32);
         tch::no_grad(|| {
-            for (i, (_, p)) in self.params.iter().enumerate() {
-                let g = p.grad();
+            for (i, (_, param)) in self.params.iter().enumerate() {
+                let g = param.grad();
                 if !g.defined() {
                     continue;
                 }
+                // A 16-bit parameter is updated through its f32 master copy.
+                let (p, g) = match &self.master[i] {
+                    Some(w) => (w.shallow_clone(), g.to_kind(tch::Kind::Float)),
+                    None => (param.shallow_clone(), g),
+                };
                 let wd = if self.decay[i] { weight_decay } else { 0.0 };
                 let hyper = Hyper { lr, wd, b1, b2, eps, bc1, bc2 };
-                if fused_step(p, &g, &self.m[i], &self.v[i], &hyper) {
-                    continue;
+                if !fused_step(&p, &g, &self.m[i], &self.v[i], &hyper) {
+                    let mut p = p.shallow_clone();
+                    if wd != 0.0 {
+                        let _ = p.g_mul_scalar_(1.0 - lr * wd);
+                    }
+                    let _ = self.m[i].lerp_(&g, 1.0 - b1);
+                    let _ = self.v[i].g_mul_scalar_(b2).g_add_(&(g.square() * (1.0 - b2)));
+                    let denom = self.v[i].sqrt() / bc2.sqrt() + eps;
+                    let _ = p.g_add_(&(&self.m[i] / denom * (-lr / bc1)));
                 }
-                let mut p = p.shallow_clone();
-                if self.decay[i] && weight_decay != 0.0 {
-                    let _ = p.g_mul_scalar_(1.0 - lr * weight_decay);
+                if self.master[i].is_some() {
+                    param.shallow_clone().copy_(&p);
                 }
-                let _ = self.m[i].lerp_(&g, 1.0 - b1);
-                let _ = self.v[i].g_mul_scalar_(b2).g_add_(&(g.square() * (1.0 - b2)));
-                let denom = self.v[i].sqrt() / bc2.sqrt() + eps;
-                let _ = p.g_add_(&(&self.m[i] / denom * (-lr / bc1)));
             }
         })
     }
 
-    /// Moments as named tensors (`exp_avg.<param>`, `exp_avg_sq.<param>`) for checkpoints.
+    /// Moments as named tensors (`exp_avg.<param>`, `exp_avg_sq.<param>`, and `master.<param>`
+    /// for a 16-bit parameter) for checkpoints.
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![];
         for (i, (n, _)) in self.params.iter().enumerate() {
             out.push((format!("exp_avg.{n}"), self.m[i].shallow_clone()));
             out.push((format!("exp_avg_sq.{n}"), self.v[i].shallow_clone()));
+            if let Some(w) = &self.master[i] {
+                out.push((format!("master.{n}"), w.shallow_clone()));
+            }
         }
         out
     }
 
     pub fn load_state_tensors(&mut self, mut t: HashMap<String, Tensor>, steps: u64) -> crate::Result<()> {
         for (i, (n, _)) in self.params.iter().enumerate() {
-            for (prefix, dst) in [("exp_avg", &mut self.m[i]), ("exp_avg_sq", &mut self.v[i])] {
+            let mut slots = vec![("exp_avg", &mut self.m[i]), ("exp_avg_sq", &mut self.v[i])];
+            if let Some(w) = self.master[i].as_mut() {
+                slots.push(("master", w));
+            }
+            for (prefix, dst) in slots {
                 let key = format!("{prefix}.{n}");
                 let src = t.remove(&key).ok_or_else(|| {
                     crate::EngineError::Invalid(format!(
@@ -294,6 +322,27 @@ mod tests {
         assert_eq!([l.lr_at(0), l.lr_at(1), l.lr_at(3), l.lr_at(9)], [2.0, 1.5, 0.5, 0.0]);
         let w = LrSchedule::WarmupConstant { lr: 3.0, warmup: 3 };
         assert_eq!([w.lr_at(0), w.lr_at(2), w.lr_at(50)], [1.0, 3.0, 3.0]);
+    }
+
+    #[test]
+    fn a_bf16_parameter_accumulates_updates_smaller_than_its_spacing() {
+        // 100 AdamW steps of −1e-4 on a bf16 weight of 1.0, whose spacing below 1 is 2⁻⁹ ≈ 0.002:
+        // each one alone rounds back to 1.0, so without an f32 master copy it never moves. With
+        // it the master reaches 0.99 and the bf16 weight is its rounding.
+        let p = Tensor::from_slice(&[1.0f32]).to_kind(tch::Kind::BFloat16).set_requires_grad(true);
+        let mut opt =
+            AdamW::new(vec![("w".into(), p.shallow_clone())], AdamWConfig { weight_decay: 0.0, ..Default::default() });
+        for _ in 0..100 {
+            opt.zero_grad();
+            (&p * 1.0).sum(tch::Kind::Float).backward();
+            opt.step(1e-4);
+        }
+        let master = opt.state_tensors().into_iter().find(|(n, _)| n == "master.w").expect("a master copy").1;
+        assert_eq!(master.kind(), tch::Kind::Float);
+        assert!((master.double_value(&[0]) - 0.99).abs() < 1e-5, "{}", master.double_value(&[0]));
+        assert_eq!(p.double_value(&[0]), master.to_kind(tch::Kind::BFloat16).double_value(&[0]));
+        assert!(p.double_value(&[0]) < 0.995);
+        assert!(opt.state_tensors().iter().all(|(_, t)| t.kind() == tch::Kind::Float), "moments in f32");
     }
 
     #[test]

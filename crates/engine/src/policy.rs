@@ -45,9 +45,13 @@ pub(crate) fn build<M>(opts: &LoadOptions, make: impl FnOnce(&tch::nn::Path) -> 
     vs.set_kind(opts.dtype);
     let m = make(&vs.root());
     if opts.lora.is_some() {
-        for (name, t) in vs.variables() {
+        for (name, mut t) in vs.variables() {
             if !is_lora_param(&name) {
                 let _ = t.set_requires_grad(false);
+            } else if matches!(opts.dtype, Kind::BFloat16 | Kind::Half) {
+                // On a 16-bit base the adapter trains in f32 (and so do its AdamW moments), as
+                // PEFT keeps it; the forward casts its input (`Linear::forward`).
+                tch::no_grad(|| t.set_data(&t.to_kind(Kind::Float)));
             }
         }
     }

@@ -108,7 +108,9 @@ impl DenseRetriever {
         let q: Vec<&str> = queries.iter().map(String::as_str).collect();
         let query_emb = enc.embed_queries(&q, Mode::TRAIN)?;
         let flat = self.index.flat();
-        let passages = Tensor::stack(&ids.iter().map(|row| flat.gather(row)).collect::<Vec<_>>(), 0);
+        // The index lives in host memory; its rows follow the encoder to its device.
+        let passages =
+            Tensor::stack(&ids.iter().map(|row| flat.gather(row)).collect::<Vec<_>>(), 0).to_device(query_emb.device());
         let scores = (query_emb.unsqueeze(1) * &passages).sum_dim_intlist(-1, false, Kind::Float);
         Ok(Candidates { ids, query_emb, passages, scores })
     }
@@ -122,7 +124,8 @@ impl DenseRetriever {
         let q: Vec<&str> = queries.iter().map(String::as_str).collect();
         let query_emb = enc.embed_queries(&q, mode)?;
         let flat = self.index.flat();
-        let passages = Tensor::stack(&ids.iter().map(|row| flat.gather(row)).collect::<Vec<_>>(), 0);
+        let passages =
+            Tensor::stack(&ids.iter().map(|row| flat.gather(row)).collect::<Vec<_>>(), 0).to_device(query_emb.device());
         Ok((query_emb.unsqueeze(1) * passages).sum_dim_intlist(-1, false, Kind::Float))
     }
 

@@ -17,7 +17,7 @@ use crate::hnsw::{Hnsw, HnswParams};
 use crate::hybrid::Hybrid;
 use crate::Retriever;
 use knowrl_engine::encoder::Encoder;
-use knowrl_engine::{LoadOptions, LoraConfig};
+use knowrl_engine::LoadOptions;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -106,7 +106,7 @@ pub fn build(corpus_path: &Path, out: &Path, opts: &BuildOptions, progress: Prog
         Bm25::build(&out.join("bm25"), corpus.clone(), |d| progress("bm25", d, n))?;
     }
     if let Some(d) = &opts.dense {
-        let encoder = load_encoder(d, None)?;
+        let encoder = load_encoder(d, &LoadOptions::default())?;
         let flat =
             build_flat(&encoder, &corpus, &out.join("dense"), d.dtype, opts.batch, |a, b| progress("encode", a, b))?;
         if d.hnsw {
@@ -121,8 +121,9 @@ pub fn build(corpus_path: &Path, out: &Path, opts: &BuildOptions, progress: Prog
 }
 
 /// The encoder of an index, optionally with a query-side LoRA adapter (BRIDGE).
-pub fn load_encoder(d: &DenseSpec, lora: Option<LoraConfig>) -> Result<Encoder> {
-    let enc = Encoder::load(&d.encoder, &LoadOptions { lora, ..Default::default() })?;
+/// The index's query encoder, loaded as `opts` says (device, a query-side LoRA).
+pub fn load_encoder(d: &DenseSpec, opts: &LoadOptions) -> Result<Encoder> {
+    let enc = Encoder::load(&d.encoder, opts)?;
     Ok(enc.with_prefixes(&d.query_prefix, &d.passage_prefix))
 }
 
@@ -161,7 +162,7 @@ impl OpenIndex {
         Bm25::open(&self.dir.join("bm25"), self.corpus.clone())
     }
 
-    pub fn dense(&self, use_hnsw: bool, lora: Option<LoraConfig>) -> Result<DenseRetriever> {
+    pub fn dense(&self, use_hnsw: bool, opts: &LoadOptions) -> Result<DenseRetriever> {
         let d = self
             .spec
             .dense
@@ -174,7 +175,7 @@ impl OpenIndex {
         } else {
             DenseIndex::Flat(flat)
         };
-        Ok(DenseRetriever::new(load_encoder(d, lora)?, index, self.corpus.clone()))
+        Ok(DenseRetriever::new(load_encoder(d, opts)?, index, self.corpus.clone()))
     }
 
     /// The retriever for `method` (default: hybrid when both exist, else whichever exists).
@@ -186,8 +187,8 @@ impl OpenIndex {
         });
         Ok(match m {
             Method::Bm25 => Arc::new(self.bm25()?),
-            Method::Dense => Arc::new(self.dense(use_hnsw, None)?),
-            Method::Hybrid => Arc::new(Hybrid::new(self.bm25()?, self.dense(use_hnsw, None)?)),
+            Method::Dense => Arc::new(self.dense(use_hnsw, &LoadOptions::default())?),
+            Method::Hybrid => Arc::new(Hybrid::new(self.bm25()?, self.dense(use_hnsw, &LoadOptions::default())?)),
         })
     }
 }

@@ -220,10 +220,10 @@ pub fn retriever_loss(
     let rows: Vec<Vec<usize>> = turns.iter().map(|t| t.rows.clone()).collect();
     let k = rows[0].len() as i64;
     let scores = dense.scores_of(&queries, &rows, Mode::TRAIN).map_err(ret_err)?;
-    let log_rho = (scores / cfg.tau_r).log_softmax(1, Kind::Float);
+    let log_rho = (&scores / cfg.tau_r).log_softmax(1, Kind::Float);
     let mat = |f: &dyn Fn(&LoggedTurn) -> &Vec<f64>| {
         let v: Vec<f32> = turns.iter().flat_map(|t| f(t).iter().map(|x| *x as f32)).collect();
-        Tensor::from_slice(&v).view([turns.len() as i64, k])
+        Tensor::from_slice(&v).to_device(scores.device()).view([turns.len() as i64, k])
     };
     let log_py = mat(&|t| &t.log_py);
     let log_rho_old = mat(&|t| &t.log_rho_old);
@@ -231,8 +231,9 @@ pub fn retriever_loss(
         .iter()
         .flat_map(|t| credit_weights(&t.log_rho_old, &t.log_py, cfg.tau_p).into_iter().map(|x| x as f32))
         .collect();
-    let credit = Tensor::from_slice(&credit).view([turns.len() as i64, k]);
-    let adv = Tensor::from_slice(&turns.iter().map(|t| t.advantage as f32).collect::<Vec<_>>());
+    let credit = Tensor::from_slice(&credit).to_device(scores.device()).view([turns.len() as i64, k]);
+    let adv =
+        Tensor::from_slice(&turns.iter().map(|t| t.advantage as f32).collect::<Vec<_>>()).to_device(scores.device());
     let rag = rag_loss(&log_rho, &log_py);
     let j = credit_surrogate(&log_rho, &log_rho_old, &credit, &adv, cfg.clip);
     let loss = -&j * w_rl + &rag * w_rag;

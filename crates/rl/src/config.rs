@@ -92,6 +92,7 @@ impl TrainConfig {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        self.model.validate()?;
         let r = &self.rollout;
         let bad = |f: &str, m: String| Err(format!("field `{f}`: {m}"));
         if r.group_size < 2 {

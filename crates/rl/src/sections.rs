@@ -39,6 +39,38 @@ pub struct ModelSection {
     /// Optional LoRA (base frozen; adapters off = the KL reference).
     #[serde(default)]
     pub lora: Option<knowrl_engine::LoraConfig>,
+    /// Where every tensor of a step lives (rollout and its KV cache, scoring, backward, AdamW,
+    /// the reference policy, the retriever's encoder): cpu | cuda | cuda:N | auto (CUDA when
+    /// libtorch sees one). A CUDA device that is not there fails at load, naming it.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// The weights' and activations' precision: f32 | bf16. LoRA parameters, AdamW moments,
+    /// log-softmax, KL and ratio stay f32 (as verl and TRL run bf16).
+    #[serde(default = "default_dtype")]
+    pub dtype: String,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+
+fn default_dtype() -> String {
+    "f32".into()
+}
+
+impl ModelSection {
+    /// The spelling of `device` and `dtype` (whether the device exists is checked at load).
+    pub fn validate(&self) -> Result<(), String> {
+        let d = self.device.as_str();
+        let cuda_n = d.strip_prefix("cuda:").is_some_and(|n| n.parse::<usize>().is_ok());
+        if !(matches!(d, "cpu" | "cuda" | "auto") || cuda_n) {
+            return Err(format!("field `model.device`: unknown device {d:?} (cpu, cuda, cuda:N, auto)"));
+        }
+        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
+            return Err(format!("field `model.dtype`: unknown dtype {:?} (f32, bf16)", self.dtype));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -163,8 +163,10 @@ pub fn pg_backward(
         } else {
             s.logprobs.detach()
         };
-        let adv = Tensor::from_slice(&mb.iter().map(|r| r.advantage as f32).collect::<Vec<_>>());
-        let weight = Tensor::from_slice(&mb.iter().map(|r| r.weight as f32).collect::<Vec<_>>()).unsqueeze(1);
+        let dev = s.logprobs.device();
+        let adv = Tensor::from_slice(&mb.iter().map(|r| r.advantage as f32).collect::<Vec<_>>()).to_device(dev);
+        let weight =
+            Tensor::from_slice(&mb.iter().map(|r| r.weight as f32).collect::<Vec<_>>()).to_device(dev).unsqueeze(1);
         let (per_token, clipped) = if gspo {
             let (l, c) = gspo_sequence_loss(&s.logprobs, &old, &adv, &s.mask, alg.clip_low, alg.clip_high);
             (l.unsqueeze(1) * &s.mask, c.unsqueeze(1) * &s.mask)
@@ -284,7 +286,8 @@ pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, micro_batch: 
         let logp = sequence_logp(policy, &rows, Mode::TRAIN).0;
         let log_rho: Vec<f32> = mb.iter().flat_map(|t| t.rho.iter().map(|r| r.max(1e-30).ln() as f32)).collect();
         let shape = [mb.len() as i64, k as i64];
-        let mix = (logp.view(shape) + Tensor::from_slice(&log_rho).view(shape)).logsumexp([1i64].as_slice(), false);
+        let log_rho = Tensor::from_slice(&log_rho).to_device(logp.device()).view(shape);
+        let mix = (logp.view(shape) + log_rho).logsumexp([1i64].as_slice(), false);
         let loss = -mix.sum(Kind::Float);
         total += loss.double_value(&[]);
         (loss * (coef / n)).backward();

@@ -5,6 +5,7 @@
 //! `knowrl_rl::trainer::train_with_eval` (which owns metrics.jsonl, eval.jsonl, TensorBoard and
 //! the checkpoints).
 use anyhow::{Context, Result};
+use knowrl_engine::device::{parse_device, parse_dtype};
 use knowrl_engine::encoder::Encoder;
 use knowrl_engine::{LoadOptions, Policy};
 use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task};
@@ -19,16 +20,14 @@ use std::sync::Arc;
 
 /// The world's search tool: its tiny dense retriever over `corpus.jsonl` (exact, in memory).
 pub fn world_retriever(world: &std::path::Path) -> Result<DenseRetriever> {
-    world_retriever_with(world, None)
+    world_retriever_with(world, &LoadOptions::default())
 }
 
-/// The same, with a query-side LoRA on the encoder (passages are encoded without it).
-pub fn world_retriever_with(
-    world: &std::path::Path,
-    lora: Option<knowrl_engine::LoraConfig>,
-) -> Result<DenseRetriever> {
+/// The same, with the encoder loaded as `opts` says: its device, a query-side LoRA (passages
+/// are encoded without it).
+pub fn world_retriever_with(world: &std::path::Path, opts: &LoadOptions) -> Result<DenseRetriever> {
     let (passages, _) = read_corpus(&world.join("corpus.jsonl"), false)?;
-    let enc = Encoder::load(&world.join("encoder"), &LoadOptions { lora, ..Default::default() })?;
+    let enc = Encoder::load(&world.join("encoder"), opts)?;
     let texts: Vec<&str> = passages.iter().map(|p| p.contents.as_str()).collect();
     let vecs: Vec<tch::Tensor> = texts.chunks(128).map(|c| enc.embed_passages(c)).collect::<Result<_, _>>()?;
     let flat = FlatIndex::from_tensor(&tch::Tensor::cat(&vecs, 0), VecDtype::F32);
@@ -65,15 +64,22 @@ pub fn reference(cfg: &TrainConfig) -> Result<Option<Policy>> {
         return Ok(Some(p));
     }
     let needs = (cfg.algorithm.kl_coef > 0.0 && cfg.model.lora.is_none()) || spec.needs_reference();
-    Ok(if needs { Some(Policy::load(&cfg.model.path, &LoadOptions::default())?) } else { None })
+    let frozen = LoadOptions { lora: None, ..load_options(cfg)? };
+    Ok(if needs { Some(Policy::load(&cfg.model.path, &frozen)?) } else { None })
+}
+
+/// `[model]`'s device and dtype, the run's LoRA and seed.
+pub fn load_options(cfg: &TrainConfig) -> Result<LoadOptions> {
+    let m = &cfg.model;
+    let (device, dtype) = (parse_device(&m.device)?, parse_dtype(&m.dtype)?);
+    if let Some(w) = knowrl_engine::device::bf16_cpu_warning(device, dtype) {
+        eprintln!("{w}");
+    }
+    Ok(LoadOptions { device, dtype, lora: m.lora.clone(), seed: cfg.run.seed as i64 })
 }
 
 pub fn load(cfg: &TrainConfig) -> Result<Policy> {
-    Policy::load(
-        &cfg.model.path,
-        &LoadOptions { lora: cfg.model.lora.clone(), seed: cfg.run.seed as i64, ..Default::default() },
-    )
-    .with_context(|| format!("loading {}", cfg.model.path.display()))
+    Policy::load(&cfg.model.path, &load_options(cfg)?).with_context(|| format!("loading {}", cfg.model.path.display()))
 }
 
 /// The search tool of a run: a dense retriever (the world's, or an index's; BRIDGE adapts its
@@ -103,16 +109,18 @@ impl SearchTool {
 pub fn retriever(cfg: &TrainConfig) -> Result<SearchTool> {
     let lora = cfg.method.spec().query_lora();
     let bridge = lora.is_some();
+    // The encoder (and BRIDGE's query LoRA) on the run's device, in f32: it is small.
+    let opts = LoadOptions { device: parse_device(&cfg.model.device)?, lora, ..Default::default() };
     Ok(match &cfg.data.index {
         Some(dir) => {
             let ix = knowrl_retrieval::index::open(dir)?;
             if bridge || (ix.spec.dense.is_some() && !ix.spec.bm25) {
-                SearchTool::Dense(Box::new(ix.dense(false, lora)?))
+                SearchTool::Dense(Box::new(ix.dense(false, &opts)?))
             } else {
                 SearchTool::Other(ix.retriever(None, false)?)
             }
         }
-        None => SearchTool::Dense(Box::new(world_retriever_with(&cfg.data.world, lora)?)),
+        None => SearchTool::Dense(Box::new(world_retriever_with(&cfg.data.world, &opts)?)),
     })
 }
 

@@ -66,6 +66,8 @@ pub struct Args {
     /// also shows every other row an earlier sitting finished.
     #[arg(long, value_delimiter = ',')]
     pub arms: Vec<String>,
+    #[command(flatten)]
+    pub device: crate::device_args::DeviceArgs,
     /// Where the runs go: one directory per arm × seed under `<runs>/reproduce-<method>/`.
     #[arg(long, default_value = "runs")]
     pub runs: PathBuf,
@@ -96,6 +98,7 @@ pub(super) fn arm(label: &'static str, ablation: bool, edit: impl Fn(&mut TrainC
 pub(super) fn base_config(a: &Args, default: &str) -> Result<TrainConfig> {
     let path = a.config.clone().unwrap_or_else(|| PathBuf::from(default));
     let mut cfg = TrainConfig::load(&path)?;
+    a.device.apply(&mut cfg.model);
     if let Some(s) = a.steps {
         cfg.run.steps = s;
     }
