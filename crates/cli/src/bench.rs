@@ -23,6 +23,12 @@ pub enum Cmd {
     Grpo(crate::bench_grpo::Args),
     /// Seconds per RL step of each world config vs its compute floor (step FLOPs ÷ GEMM rate).
     WorldSpeed(crate::bench_world_speed::Args),
+    /// The memory model vs measured peak RSS (random-init SmolLM2-135M / Qwen2.5-0.5B shapes, CPU),
+    /// and its predictions for the GPU presets.
+    Memory(crate::bench_memory::Args),
+    /// What a GPU machine must show (run by scripts/gpu-check): parity, bf16 generation, one
+    /// large-shape GRPO step.
+    Gpu(crate::bench_gpu::Args),
     /// One measurement in this process (used by `bench engine`; prints JSON).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -73,6 +79,8 @@ pub fn run(c: Cmd) -> Result<()> {
         Cmd::Retrieval(a) => crate::bench_retrieval::run(a),
         Cmd::Grpo(a) => crate::bench_grpo::run(a),
         Cmd::WorldSpeed(a) => crate::bench_world_speed::run(a),
+        Cmd::Memory(a) => crate::bench_memory::run(a),
+        Cmd::Gpu(a) => crate::bench_gpu::run(a),
         Cmd::Worker(a) => {
             let r = worker(&a)?;
             println!("{r}");

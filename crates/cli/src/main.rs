@@ -6,7 +6,9 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod bench_env;
+mod bench_gpu;
 mod bench_grpo;
+mod bench_memory;
 mod bench_retrieval;
 mod bench_world_speed;
 mod demo;

@@ -12,6 +12,7 @@ pub mod fsutil;
 pub mod generate;
 pub mod kernels;
 pub mod layers;
+pub mod memory;
 pub mod models;
 pub mod optim;
 pub mod policy;

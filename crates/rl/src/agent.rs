@@ -23,6 +23,8 @@ pub struct AgentConfig {
     pub max_obs_tokens: usize,
     pub sampling: SamplingParams,
     pub style: PassageStyle,
+    /// Rows decoded together (0 = all).
+    pub max_rows: usize,
 }
 
 impl AgentConfig {
@@ -38,6 +40,7 @@ impl AgentConfig {
                 ..Default::default()
             },
             style: PassageStyle::SearchR1,
+            max_rows: 0,
         }
     }
 }
@@ -139,9 +142,14 @@ pub fn rollout(
     cfg: &AgentConfig,
     rngs: &mut [Rng],
 ) -> knowrl_engine::Result<Vec<Trajectory>> {
-    let mut session = DecodeSession::new(lm, prompts.len(), tok.pad_id);
-    session.append(prompts)?;
-    run(&mut session, prompts.len(), tok, retriever, cfg, rngs)
+    let chunk = if cfg.max_rows == 0 { prompts.len().max(1) } else { cfg.max_rows };
+    let mut out = Vec::with_capacity(prompts.len());
+    for (p, r) in prompts.chunks(chunk).zip(rngs.chunks_mut(chunk)) {
+        let mut session = DecodeSession::new(lm, p.len(), tok.pad_id);
+        session.append(p)?;
+        out.extend(run(&mut session, p.len(), tok, retriever, cfg, r)?);
+    }
+    Ok(out)
 }
 
 /// The loop over turns for `n` rows whose prompts the policy already holds.

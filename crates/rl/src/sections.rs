@@ -131,6 +131,12 @@ pub struct RolloutSection {
     /// BRIDGE's and verl-tool's setups use 1,024).
     #[serde(default = "default_max_obs")]
     pub max_observation_tokens: usize,
+    /// Rows decoded together (0 = the whole step's at once): a GPU's KV cache holds
+    /// rows × tokens × 2 × layers × kv_dim, so large steps are rolled out in chunks of this many
+    /// rows (verl's `rollout.max_num_seqs`). Each row keeps its own generator, so the samples do
+    /// not depend on the chunking beyond batched floating-point order.
+    #[serde(default)]
+    pub max_rows: usize,
 }
 
 fn default_max_obs() -> usize {
@@ -143,6 +149,7 @@ impl RolloutSection {
         let mut a = crate::agent::AgentConfig::new(self.max_turns, self.topk, self.max_tokens_per_turn, temperature);
         a.style = self.observation_format;
         a.max_obs_tokens = self.max_observation_tokens;
+        a.max_rows = self.max_rows;
         a
     }
 }

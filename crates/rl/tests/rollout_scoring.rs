@@ -43,3 +43,28 @@ fn scored_logprobs_of_agent_rollouts_equal_the_sampled_ones() {
     assert!(worst < 1e-4, "sampled vs scored log-prob differ by {worst} over {n} tokens");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `[rollout] max_rows` rolls a step out in chunks of rows (a GPU's KV cache bounds how many fit);
+/// each row keeps its own generator, so chunks of 5 give the same trajectories as one batch of 24.
+#[test]
+fn chunked_rollouts_sample_what_one_batch_samples() {
+    let dir = std::env::temp_dir().join(format!("knowrl-test-chunks-{}", std::process::id()));
+    let mut cfg = config(&dir, 1, "");
+    (cfg.rollout.max_turns, cfg.rollout.max_tokens_per_turn) = (3, 24);
+    let (p, r) = (policy(), retriever());
+    let tasks = agent_tasks(6);
+    let picks: Vec<&knowrl_rl::task::Task> = tasks.iter().collect();
+    let whole = {
+        let c = ctx(&p, &r, &cfg);
+        let (prompts, _) = c.replicate(&picks, 4, |t| &t.agent).unwrap();
+        c.rollout(&prompts, true, 0).unwrap()
+    };
+    cfg.rollout.max_rows = 5;
+    let c = ctx(&p, &r, &cfg);
+    let (prompts, _) = c.replicate(&picks, 4, |t| &t.agent).unwrap();
+    let chunked = c.rollout(&prompts, true, 0).unwrap();
+    assert_eq!(whole.len(), 24);
+    assert!(whole.iter().any(|t| t.tool_calls() >= 1), "rollouts that search");
+    let same = whole.iter().zip(&chunked).filter(|(a, b)| a.response == b.response).count();
+    assert_eq!(same, 24, "rows whose tokens differ between one batch and chunks of 5");
+}

@@ -1,0 +1,149 @@
+//! `knowrl bench gpu` (run by `scripts/gpu-check`): what a GPU machine must show, in one short
+//! run. Engine parity on the device (bf16 logits against the CPU's f32, SmolLM2-135M-Instruct),
+//! generation tokens/s in bf16 at 64 rows, and one GRPO-shaped step (rollout, scoring, backward,
+//! AdamW) of a random-init policy of a large shape (default Qwen2.5-7B) with LoRA r16: seconds
+//! and the memory model's prediction (the script samples the GPU's memory beside it). Runs the
+//! same code on `--device cpu` with a small shape, which is how it is tested without a GPU.
+use anyhow::{Context, Result};
+use knowrl_engine::memory::{estimate, Workload};
+use knowrl_engine::optim::{AdamW, AdamWConfig};
+use knowrl_engine::score::{score, ScoreRequest};
+use knowrl_engine::{LoadOptions, Message, Mode, Policy, Rng, SamplingParams};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Model directory for parity and generation (default: $KNOWRL_MODELS/smollm2-135m-instruct).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Shape of the random-init policy for the step (see `bench memory --shapes`).
+    #[arg(long, default_value = "qwen2.5-7b")]
+    pub shape: String,
+    /// The step's rows (prompts × samples), prompt and new tokens.
+    #[arg(long, default_value_t = 32)]
+    pub rows: i64,
+    #[arg(long, default_value_t = 256)]
+    pub prompt_tokens: i64,
+    #[arg(long, default_value_t = 256)]
+    pub new_tokens: i64,
+    #[arg(long, default_value_t = 4)]
+    pub micro_batch: usize,
+    #[arg(long, default_value = "bench/results/gpu-check.json")]
+    pub out: PathBuf,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let device = knowrl_engine::device::parse_device(&a.device)?;
+    let model = a.model.clone().unwrap_or_else(|| knowrl_engine::adapter::models_dir().join("smollm2-135m-instruct"));
+    let on = |dtype| LoadOptions { device, dtype, ..Default::default() };
+
+    // 1. Parity: log-probs of the same prompt and response, f32 on CPU vs bf16 on the device.
+    let cpu = Policy::load(&model, &LoadOptions::default()).with_context(|| format!("loading {}", model.display()))?;
+    let dev = Policy::load(&model, &on(tch::Kind::BFloat16))?;
+    let tok = cpu.tokenizer()?;
+    let text = tok.apply_chat_template(&[Message::new("user", "Where was Ada Lovelace born?")], true)?;
+    let prompt = tok.encode(&text, false)?;
+    let response = tok.encode("Ada Lovelace was born in London, England, in 1815.", false)?;
+    let logprobs = |p: &Policy| -> Vec<f32> {
+        let req = [ScoreRequest { prompt: &prompt, response: &response, loss_mask: None }];
+        let s = tch::no_grad(|| score(&p.lm, &req, 1.0, Mode::EVAL));
+        Vec::try_from(s.logprobs.to_kind(tch::Kind::Float).view(-1)).unwrap()
+    };
+    let (reference, got) = (logprobs(&cpu), logprobs(&dev));
+    let max_diff = reference.iter().zip(&got).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) as f64;
+    let mean_ref = reference.iter().sum::<f32>() as f64 / reference.len() as f64;
+    println!(
+        "parity: max |Δ log-prob| {max_diff:.4} over {} response tokens (mean log-prob {mean_ref:.3})",
+        response.len()
+    );
+
+    // 2. Generation in bf16 at 64 rows.
+    let prompts: Vec<Vec<u32>> = (0..64).map(|_| tok.encode(&text, false)).collect::<Result<_, _>>()?;
+    let params = SamplingParams { temperature: 1.0, max_new_tokens: 128, ..Default::default() };
+    let seeds: Vec<u64> = (0..64).collect();
+    let t0 = Instant::now();
+    let gens = tch::no_grad(|| {
+        knowrl_engine::generate::generate(&dev.lm, Some(tok), &prompts, &params, &seeds, &[], tok.pad_id)
+    })?;
+    let new_tokens: usize = gens.iter().map(|g| g.tokens.len()).sum();
+    let gen_tps = new_tokens as f64 / t0.elapsed().as_secs_f64();
+    println!("generation: {gen_tps:.0} new tokens/s (64 rows, bf16)");
+    drop((cpu, dev));
+
+    // 3. One GRPO-shaped step of a large random-init policy with LoRA r16.
+    let cfg = crate::bench_memory::shape(&a.shape)?;
+    let lora = knowrl_engine::LoraConfig {
+        rank: 16,
+        alpha: 32.0,
+        dropout: 0.0,
+        target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let t_load = Instant::now();
+    let policy = Policy::random(&cfg, &LoadOptions { lora: Some(lora), ..on(tch::Kind::BFloat16) }, 0);
+    let load_s = t_load.elapsed().as_secs_f64();
+    let mut opt = AdamW::new(policy.trainable_parameters(), AdamWConfig::default());
+    let mut rng = Rng::new(3);
+    let prompts: Vec<Vec<u32>> = (0..a.rows)
+        .map(|_| (0..a.prompt_tokens).map(|_| rng.below(cfg.vocab_size as usize) as u32).collect())
+        .collect();
+    let params = SamplingParams { temperature: 1.0, max_new_tokens: a.new_tokens as usize, ..Default::default() };
+    let seeds: Vec<u64> = (0..a.rows as u64).collect();
+    let t1 = Instant::now();
+    let gens = tch::no_grad(|| knowrl_engine::generate::generate(&policy.lm, None, &prompts, &params, &seeds, &[], 0))?;
+    let rollout_s = t1.elapsed().as_secs_f64();
+    let t2 = Instant::now();
+    for chunk in prompts.iter().zip(&gens).collect::<Vec<_>>().chunks(a.micro_batch) {
+        let reqs: Vec<ScoreRequest> =
+            chunk.iter().map(|(p, g)| ScoreRequest { prompt: p, response: &g.tokens, loss_mask: None }).collect();
+        let s = score(&policy.lm, &reqs, 1.0, Mode::TRAIN);
+        ((&s.logprobs * &s.mask).sum(tch::Kind::Float) / a.rows as f64).backward();
+    }
+    opt.clip_grad_norm(1.0);
+    opt.step(1e-6);
+    if let tch::Device::Cuda(n) = device {
+        tch::Cuda::synchronize(n as i64);
+    }
+    let update_s = t2.elapsed().as_secs_f64();
+    let predicted = estimate(
+        &cfg,
+        &Workload {
+            rollout_rows: a.rows,
+            prompt_tokens: a.prompt_tokens,
+            rollout_tokens: a.prompt_tokens + a.new_tokens,
+            micro_batch: a.micro_batch as i64,
+            train_tokens: a.prompt_tokens + a.new_tokens,
+            lora_rank: Some(16),
+            dtype_bytes: 2,
+            cpu: device == tch::Device::Cpu,
+            reference_copy: false,
+        },
+    );
+    println!(
+        "step ({}, LoRA r16, bf16): load {load_s:.1} s, rollout {rollout_s:.1} s, update {update_s:.1} s; predicted peak {:.1} GB",
+        a.shape,
+        predicted.peak / 1e9
+    );
+    let result = json!({
+        "device": a.device,
+        "parity": {"model": model.file_name().map(|s| s.to_string_lossy().to_string()), "max_abs_logprob_diff": max_diff,
+                   "response_tokens": response.len(), "mean_logprob": mean_ref, "reference": "cpu f32", "tested": "bf16 on the device"},
+        "generation": {"rows": 64, "max_new_tokens": 128, "new_tokens_per_s": gen_tps, "dtype": "bf16"},
+        "grpo_step": {"shape": a.shape, "rows": a.rows, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens,
+                      "micro_batch": a.micro_batch, "load_s": load_s, "rollout_s": rollout_s, "update_s": update_s,
+                      "predicted": predicted},
+        "two_rank_nccl": "not run: data-parallel training (#24 part 2) is not built yet",
+        "machine": crate::bench_env::machine(),
+    });
+    if let Some(d) = a.out.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    knowrl_engine::fsutil::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())?;
+    println!("wrote {}", a.out.display());
+    Ok(())
+}
