@@ -21,3 +21,12 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
+
+/// Writes a results file atomically (pretty JSON), creating its folder.
+pub fn write_result(path: &std::path::Path, result: &Value) -> anyhow::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    knowrl_engine::fsutil::write_atomic(path, (serde_json::to_string_pretty(result)? + "\n").as_bytes())?;
+    Ok(())
+}

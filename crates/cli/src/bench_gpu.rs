@@ -76,14 +76,7 @@ pub fn run(a: Args) -> Result<()> {
 
     // 3. One GRPO-shaped step of a large random-init policy with LoRA r16.
     let cfg = crate::bench_memory::shape(&a.shape)?;
-    let lora = knowrl_engine::LoraConfig {
-        rank: 16,
-        alpha: 32.0,
-        dropout: 0.0,
-        target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-            .map(String::from)
-            .to_vec(),
-    };
+    let lora = crate::bench_memory::lora(16);
     let t_load = Instant::now();
     let policy = Policy::random(&cfg, &LoadOptions { lora: Some(lora), ..on(tch::Kind::BFloat16) }, 0);
     let load_s = t_load.elapsed().as_secs_f64();
@@ -140,10 +133,7 @@ pub fn run(a: Args) -> Result<()> {
         "two_rank_nccl": "not run: data-parallel training (#24 part 2) is not built yet",
         "machine": crate::bench_env::machine(),
     });
-    if let Some(d) = a.out.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    knowrl_engine::fsutil::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())?;
+    crate::bench_env::write_result(&a.out, &result)?;
     println!("wrote {}", a.out.display());
     Ok(())
 }

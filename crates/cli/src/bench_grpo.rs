@@ -193,10 +193,7 @@ pub fn run(a: Args) -> Result<()> {
         "trl": trl,
         "machine": crate::bench_env::machine(),
     });
-    if let Some(d) = a.out.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    knowrl_engine::fsutil::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())?;
+    crate::bench_env::write_result(&a.out, &result)?;
     println!(
         "GRPO step: knowrl {k:.2} s vs TRL {t:.2} s → {:.2}x (per round {}; breakdown {}); wrote {}",
         t / k,

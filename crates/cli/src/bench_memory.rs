@@ -86,7 +86,8 @@ fn workload(a: &Args, cpu: bool, dtype_bytes: i64) -> Workload {
     }
 }
 
-fn lora(rank: i64) -> LoraConfig {
+/// The run's LoRA on every linear layer of every block (the presets' targets).
+pub fn lora(rank: i64) -> LoraConfig {
     let targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
     LoraConfig { rank, alpha: 2.0 * rank as f64, dropout: 0.0, target_modules: targets.map(String::from).to_vec() }
 }
@@ -217,10 +218,7 @@ pub fn run(a: Args) -> Result<()> {
         "predicted_gpu_bf16": presets,
         "machine": crate::bench_env::machine(),
     });
-    if let Some(d) = a.out.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    knowrl_engine::fsutil::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())?;
+    crate::bench_env::write_result(&a.out, &result)?;
     println!("wrote {}", a.out.display());
     Ok(())
 }

@@ -157,10 +157,7 @@ pub fn run(a: RetrievalArgs) -> Result<()> {
         "bm25": bm25_res, "flat": flat_res, "encode": enc_res, "threads": a.bench_threads,
         "peers": "bm25s 0.3.16 (+PyStemmer, k1=1.2 b=0.75 lucene), faiss-cpu 1.15.1 IndexFlatIP, sentence-transformers 6.2.0",
     });
-    if let Some(d) = a.out.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    std::fs::write(&a.out, serde_json::to_string_pretty(&report)?)?;
+    crate::bench_env::write_result(&a.out, &report)?;
     println!("| benchmark | knowrl | peer | ratio |\n|---|---|---|---|");
     println!(
         "| BM25 queries/s ({} passages) | {:.0} | {:.0} (bm25s) | {:.2}x |",

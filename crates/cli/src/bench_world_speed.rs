@@ -109,10 +109,7 @@ pub fn run(a: Args) -> Result<()> {
                   attention score/value products, LoRA products and the retriever encoder not counted) \
                   / gemm_gflops",
     });
-    if let Some(d) = a.out.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    std::fs::write(&a.out, serde_json::to_string_pretty(&out)? + "\n")?;
+    crate::bench_env::write_result(&a.out, &out)?;
     println!("wrote {}", a.out.display());
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! where a run's tensors live and their precision. On a command with a config they override its
 //! `[model] device` / `dtype`; elsewhere they choose the load options.
 use anyhow::Result;
-use knowrl_engine::device::{bf16_cpu_warning, parse_device, parse_dtype};
+use knowrl_engine::device::parse_placement;
 use knowrl_engine::LoadOptions;
 use knowrl_rl::config::ModelSection;
 
@@ -31,11 +31,8 @@ impl DeviceArgs {
 
     /// Load options for a command without a config (no LoRA).
     pub fn load_options(&self) -> Result<LoadOptions> {
-        let device = parse_device(self.device.as_deref().unwrap_or("cpu"))?;
-        let dtype = parse_dtype(self.dtype.as_deref().unwrap_or("f32"))?;
-        if let Some(w) = bf16_cpu_warning(device, dtype) {
-            eprintln!("{w}");
-        }
+        let (device, dtype) =
+            parse_placement(self.device.as_deref().unwrap_or("cpu"), self.dtype.as_deref().unwrap_or("f32"))?;
         Ok(LoadOptions { device, dtype, ..Default::default() })
     }
 }

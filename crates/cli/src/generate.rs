@@ -1,6 +1,6 @@
 //! `knowrl generate`: batched generation from an HF model directory.
 use anyhow::{Context, Result};
-use knowrl_engine::device::{parse_device, parse_dtype};
+use knowrl_engine::device::parse_placement;
 use knowrl_engine::generate::generate;
 use knowrl_engine::{LoadOptions, Message, Policy, SamplingParams};
 use std::path::PathBuf;
@@ -44,10 +44,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let opts = LoadOptions { device: parse_device(&a.device)?, dtype: parse_dtype(&a.dtype)?, lora: None, seed: 0 };
-    if let Some(w) = knowrl_engine::device::bf16_cpu_warning(opts.device, opts.dtype) {
-        eprintln!("{w}");
-    }
+    let (device, dtype) = parse_placement(&a.device, &a.dtype)?;
+    let opts = LoadOptions { device, dtype, lora: None, seed: 0 };
     let policy = Policy::load(&a.model, &opts).with_context(|| format!("loading {}", a.model.display()))?;
     let tok = policy.tokenizer()?;
     let mut prompts = vec![];

@@ -55,6 +55,15 @@ pub fn bf16_cpu_warning(device: Device, kind: Kind) -> Option<String> {
     })
 }
 
+/// A device and a dtype from their names, warning (stderr) when bf16 would be emulated on this CPU.
+pub fn parse_placement(device: &str, dtype: &str) -> Result<(Device, Kind)> {
+    let (device, dtype) = (parse_device(device)?, parse_dtype(dtype)?);
+    if let Some(w) = bf16_cpu_warning(device, dtype) {
+        eprintln!("{w}");
+    }
+    Ok((device, dtype))
+}
+
 pub fn dtype_name(k: Kind) -> &'static str {
     match k {
         Kind::BFloat16 => "bfloat16",

@@ -46,8 +46,8 @@ pub struct Estimate {
     pub peak: f64,
 }
 
-/// The score's LM-head chunk (rows at a time), as `score::HEAD_CHUNK`.
-const HEAD_CHUNK: f64 = 512.0;
+/// The score's LM-head chunk (rows at a time).
+const HEAD_CHUNK: f64 = crate::score::HEAD_CHUNK as f64;
 
 /// Parameters of a decoder (embeddings, attention, MLP, norms; the LM head when untied).
 pub fn parameters(c: &DecoderConfig) -> f64 {

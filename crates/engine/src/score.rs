@@ -180,7 +180,7 @@ fn shared(
 }
 
 /// Rows of the LM head's output computed at once when scoring (~100 MB at a 49k vocabulary).
-const HEAD_CHUNK: i64 = 512;
+pub(crate) const HEAD_CHUNK: i64 = 512;
 
 /// Log-probs and entropies from `h` [N, D]: the hidden states that predict each response token,
 /// row by row. Only these go through the LM head.

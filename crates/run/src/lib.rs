@@ -5,7 +5,7 @@
 //! `knowrl_rl::trainer::train_with_eval` (which owns metrics.jsonl, eval.jsonl, TensorBoard and
 //! the checkpoints).
 use anyhow::{Context, Result};
-use knowrl_engine::device::{parse_device, parse_dtype};
+use knowrl_engine::device::parse_device;
 use knowrl_engine::encoder::Encoder;
 use knowrl_engine::{LoadOptions, Policy};
 use knowrl_eval::data::{question_task, questions, scenario_items, scenario_task};
@@ -71,10 +71,7 @@ pub fn reference(cfg: &TrainConfig) -> Result<Option<Policy>> {
 /// `[model]`'s device and dtype, the run's LoRA and seed.
 pub fn load_options(cfg: &TrainConfig) -> Result<LoadOptions> {
     let m = &cfg.model;
-    let (device, dtype) = (parse_device(&m.device)?, parse_dtype(&m.dtype)?);
-    if let Some(w) = knowrl_engine::device::bf16_cpu_warning(device, dtype) {
-        eprintln!("{w}");
-    }
+    let (device, dtype) = knowrl_engine::device::parse_placement(&m.device, &m.dtype)?;
     Ok(LoadOptions { device, dtype, lora: m.lora.clone(), seed: cfg.run.seed as i64 })
 }
 
