@@ -198,7 +198,9 @@ fn dpo_loss_by_hand() {
         rejected: Sequence { prompt: prompt.clone(), response: l.clone(), loss_mask: l_mask.clone() },
     };
     let same = knowrl_rl::update::dpo_backward(&policy, None, std::slice::from_ref(&pair), 0.1, 1.0, 4);
-    assert!((same - std::f64::consts::LN_2).abs() < 1e-6, "{same}");
+    // f32 sequence log-probs of the policy and of its adapters-off self, scored through the
+    // training and the no-grad paths: ~1e-5 apart on some CPUs (AMD EPYC, AVX-512), as below.
+    assert!((same - std::f64::consts::LN_2).abs() < 1e-5, "{same}");
     let reference = common::policy();
     tch::manual_seed(3);
     tch::no_grad(|| {
