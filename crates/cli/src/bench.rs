@@ -29,6 +29,9 @@ pub enum Cmd {
     /// What a GPU machine must show (run by scripts/gpu-check): parity, bf16 generation, one
     /// large-shape GRPO step.
     Gpu(crate::bench_gpu::Args),
+    /// The same GRPO steps as 1 process × 2 threads and as 2 ranks × 1 thread (gloo):
+    /// seconds per step and the gradient all-reduce's share.
+    DataParallel(crate::bench_data_parallel::Args),
     /// One measurement in this process (used by `bench engine`; prints JSON).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -78,6 +81,7 @@ pub fn run(c: Cmd) -> Result<()> {
         Cmd::Engine(a) => engine(a),
         Cmd::Retrieval(a) => crate::bench_retrieval::run(a),
         Cmd::Grpo(a) => crate::bench_grpo::run(a),
+        Cmd::DataParallel(a) => crate::bench_data_parallel::run(a),
         Cmd::WorldSpeed(a) => crate::bench_world_speed::run(a),
         Cmd::Memory(a) => crate::bench_memory::run(a),
         Cmd::Gpu(a) => crate::bench_gpu::run(a),

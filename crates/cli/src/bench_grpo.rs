@@ -101,7 +101,7 @@ fn worker(model: &std::path::Path, steps: u64, device: &crate::device_args::Devi
             ..Default::default()
         })
         .collect();
-    let env = TrainEnv { policy: &policy, reference: None, retriever: &NoTool, dense: None };
+    let env = TrainEnv { policy: &policy, reference: None, retriever: &NoTool, dense: None, group: None };
     let m = train(&env, &tasks, &cfg, false, &|_| {})?;
     let _ = std::fs::remove_dir_all(&cfg.run.out_dir);
     let timed = &m[1.min(m.len() - 1)..];

@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod bench_data_parallel;
 mod bench_env;
 mod bench_gpu;
 mod bench_grpo;

@@ -3,6 +3,8 @@
 //! with a progress bar; the run itself is composed by `knowrl_run`.
 //! Metrics per step go to `<out_dir>/metrics.jsonl`, checkpoints to
 //! `<out_dir>/checkpoints/step-N`; `--resume` continues from the latest checkpoint exactly.
+//! Data parallel: under torchrun's environment the process is one rank of several, and
+//! `--nproc N` starts N local ranks of the same command itself (`launch`).
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
 use knowrl_engine::Policy;
@@ -29,8 +31,18 @@ pub struct Args {
     pub export_adapter: Option<PathBuf>,
     #[command(flatten)]
     pub device: crate::device_args::DeviceArgs,
+    /// Start N local ranks of this command (data parallel over gloo on loopback; torchrun's
+    /// RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT are set for each). Pair with the global
+    /// `--threads` to give each rank its share of the cores.
+    #[arg(long, value_name = "N")]
+    pub nproc: Option<usize>,
+    /// Seconds the ranks wait for each other (at the rendezvous and in every collective)
+    /// before giving up with an error; rank 0's periodic evaluation must fit in it.
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    pub dist_timeout: u64,
 }
 
+use knowrl_dist::ProcessGroup;
 use knowrl_run::{load, retriever, SearchTool};
 
 /// Trains with a progress bar; returns the metrics of the steps run.
@@ -41,10 +53,23 @@ pub fn train_with_progress(
     resume: bool,
     label: &str,
 ) -> Result<Vec<StepMetrics>> {
-    let bar = ProgressBar::new(cfg.run.steps);
+    train_ranked(policy, retriever, cfg, resume, label, None)
+}
+
+/// [`train_with_progress`] as one rank of `group` (the bar is rank 0's alone).
+fn train_ranked(
+    policy: &Policy,
+    retriever: &SearchTool,
+    cfg: &TrainConfig,
+    resume: bool,
+    label: &str,
+    group: Option<&ProcessGroup>,
+) -> Result<Vec<StepMetrics>> {
+    let lead = group.is_none_or(|g| g.rank() == 0);
+    let bar = if lead { ProgressBar::new(cfg.run.steps) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{prefix} {bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}").unwrap());
     bar.set_prefix(label.to_string());
-    let metrics = knowrl_run::train(policy, retriever, cfg, resume, &|m| {
+    let metrics = knowrl_run::train(policy, retriever, cfg, resume, group, &|m| {
         bar.set_position(m.step + 1);
         bar.set_message(format!(
             "reward {:.3} tools {:.2} kl {:.4} {:.1}s/step",
@@ -56,13 +81,34 @@ pub fn train_with_progress(
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(n) = a.nproc {
+        return launch(n);
+    }
     let mut cfg = TrainConfig::load(&a.config)?;
     a.device.apply(&mut cfg.model);
     cfg.validate()
         .map_err(|e| knowrl_rl::config::ConfigError(format!("{} with the flags: {e}", a.config.display())))?;
+    let ranks = knowrl_dist::Rendezvous::from_env()?;
+    if ranks.as_ref().is_some_and(|r| r.world_size > 1) && cfg.model.device == "auto" {
+        // Decided before the rendezvous, which picks NCCL for CUDA runs.
+        cfg.model.device = if tch::Cuda::is_available() { "cuda" } else { "cpu" }.into();
+    }
+    let group = knowrl_run::join_ranks(&cfg, std::time::Duration::from_secs(a.dist_timeout))?;
+    if let Some(g) = &group {
+        if g.rank() == 0 {
+            eprintln!("data parallel: {} ranks over gloo", g.size());
+        }
+        // One GPU per local rank: `cuda` means this rank's.
+        if cfg.model.device == "cuda" {
+            cfg.model.device = format!("cuda:{}", ranks.as_ref().map_or(0, |r| r.local_rank));
+        }
+    }
     let policy = load(&cfg)?;
     let retriever = retriever(&cfg)?;
-    let metrics = train_with_progress(&policy, &retriever, &cfg, a.resume, "train")?;
+    let metrics = train_ranked(&policy, &retriever, &cfg, a.resume, "train", group.as_ref())?;
+    if group.as_ref().is_some_and(|g| g.rank() != 0) {
+        return Ok(());
+    }
     if let Some(out) = a.export {
         policy.export_hf(&out, tch::Kind::Float)?;
         println!("exported {}", out.display());
@@ -79,4 +125,70 @@ pub fn run(a: Args) -> Result<()> {
     }
     println!("{} steps; metrics in {}", metrics.len(), cfg.run.out_dir.join("metrics.jsonl").display());
     Ok(())
+}
+
+/// `--nproc N`: this same command line (without `--nproc`) as N child processes on loopback,
+/// with torchrun's variables set. Returns once all exited; the first rank to fail decides the
+/// exit status, and ranks still running after it are stopped once they had time to see the
+/// failure (they normally exit with it on their own, at their next collective).
+fn launch(n: usize) -> Result<()> {
+    anyhow::ensure!(n >= 1, "--nproc: at least 1 rank");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let exe = std::env::current_exe()?;
+    let mut args: Vec<String> = vec![];
+    let mut skip = false;
+    for arg in std::env::args().skip(1) {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        if arg == "--nproc" {
+            skip = true;
+        } else if !arg.starts_with("--nproc=") {
+            args.push(arg);
+        }
+    }
+    let mut ranks: Vec<std::process::Child> = (0..n)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args(&args)
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .spawn()
+        })
+        .collect::<Result<_, _>>()?;
+    let mut status: Vec<Option<std::process::ExitStatus>> = vec![None; n];
+    let mut failed: Option<(usize, std::time::Instant)> = None;
+    while status.iter().any(Option::is_none) {
+        for (rank, child) in ranks.iter_mut().enumerate() {
+            if status[rank].is_none() {
+                if let Some(s) = child.try_wait()? {
+                    status[rank] = Some(s);
+                    if !s.success() && failed.is_none() {
+                        failed = Some((rank, std::time::Instant::now()));
+                    }
+                }
+            }
+        }
+        if let Some((_, at)) = failed {
+            if at.elapsed() > std::time::Duration::from_secs(30) {
+                for (rank, child) in ranks.iter_mut().enumerate() {
+                    if status[rank].is_none() {
+                        let _ = child.kill();
+                    }
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    match failed {
+        Some((rank, _)) => {
+            let s = status[rank].expect("exited");
+            anyhow::bail!("rank {rank} of {n} failed ({s}); the run stopped")
+        }
+        None => Ok(()),
+    }
 }

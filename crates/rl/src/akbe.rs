@@ -148,6 +148,11 @@ impl AkbeConfig {
 }
 
 impl MethodSpec for AkbeConfig {
+    fn data_parallel(&self) -> Result<(), String> {
+        // Its CE / DPO targets are chosen per question but normalised over the batch, and its
+        // offline signals roll out one question at a time: neither is sharded yet.
+        Err("AKBE does not run data-parallel yet (its CE/DPO term is not sharded); run it in one process".into())
+    }
     fn build(&self) -> Box<dyn Method> {
         Box::new(Akbe { cfg: self.clone(), offline: OfflineSignals::default() })
     }

@@ -107,6 +107,11 @@ impl Default for BridgeConfig {
 }
 
 impl MethodSpec for BridgeConfig {
+    fn data_parallel(&self) -> Result<(), String> {
+        // The query LoRA's own AdamW would need its gradients all-reduced too.
+        Err("BRIDGE does not run data-parallel yet (its query-LoRA update is not all-reduced); run it in one process"
+            .into())
+    }
     fn build(&self) -> Box<dyn Method> {
         Box::new(Bridge { cfg: self.clone(), adapter: QueryAdapter::default() })
     }

@@ -83,6 +83,12 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl TrainConfig {
+    /// The dotted path of the first field where `self` and `other` differ (`run.steps`), if any.
+    pub fn first_difference(&self, other: &TrainConfig) -> Option<String> {
+        let json = |c: &TrainConfig| serde_json::to_value(c).expect("a config serialises");
+        first_difference(&json(self), &json(other), String::new())
+    }
+
     pub fn load(path: &Path) -> Result<TrainConfig, ConfigError> {
         let err = |e: &dyn std::fmt::Display| ConfigError(format!("{}: {e}", path.display()));
         let text = std::fs::read_to_string(path).map_err(|e| err(&e))?;
@@ -120,5 +126,22 @@ impl TrainConfig {
             return bad("data.scenarios", format!("unknown scenario {s:?} (S1..S5)"));
         }
         self.method.spec().validate(&self.rollout)
+    }
+}
+
+fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) -> Option<String> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                first_difference(x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), path)
+            })
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(p, q, format!("{at}[{i}]")))
+        }
+        _ => (a != b).then_some(at),
     }
 }

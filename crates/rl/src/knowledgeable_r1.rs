@@ -99,7 +99,7 @@ impl MethodSpec for KnowledgeableR1Config {
 
 /// One question's rewards: CK responses (from p′) and PK responses (from p, also the RPK ones),
 /// with each response's token count (β is token-weighted in the released code).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct QuestionRewards {
     pub ck: Vec<f64>,
     pub pk: Vec<f64>,
@@ -243,25 +243,24 @@ fn step(k: &KnowledgeableR1Config, ctx: &StepCtx, tasks: &[&Task]) -> knowrl_eng
             }
         })
         .collect();
-    let adv = advantages(k, &batch);
+    // β (§3.4) is a statistic of the whole batch: under data parallelism every rank computes
+    // the advantages over all ranks' questions and keeps its own, from question q0 on.
+    let q0 = ctx.shard.first_task;
+    let adv = advantages(k, &ctx.shard.gather(batch)?);
     // Rows of the three objectives (§3.5). The RPK row is the PK response's tokens under the
     // context prompt p′: one more scoring pass, no generation.
-    let mut pg = vec![];
-    let mut seen = vec![0usize; tasks.len()];
-    for (j, t) in ck_trajs.iter().enumerate() {
-        let q = ck_group[j];
-        let i = seen[q];
-        seen[q] += 1;
-        pg.push(row(&pc_ids[j], t, adv.ck[q][i], k.lambda_ck));
-    }
     let context_ids: Vec<Vec<u32>> = tasks.iter().map(|t| ctx_prompt(t).ids(ctx.tok)).collect::<Result<_, _>>()?;
-    let mut seen = vec![0usize; tasks.len()];
-    for (j, t) in pk_trajs.iter().enumerate() {
-        let q = pk_group[j];
-        let i = seen[q];
-        seen[q] += 1;
-        pg.push(row(&context_ids[q], t, adv.rpk[q][i], k.lambda_rpk));
-        pg.push(row(&p_ids[j], t, adv.pk[q][i], k.lambda_pk));
+    // Question by question (its CK rows, then each PK response's RPK and PK rows), so that a
+    // data-parallel rank's rows are a contiguous piece of the batch's.
+    let mut pg = vec![];
+    for (q, context) in context_ids.iter().enumerate() {
+        for (i, j) in (0..ck_trajs.len()).filter(|&j| ck_group[j] == q).enumerate() {
+            pg.push(row(&pc_ids[j], &ck_trajs[j], adv.ck[q0 + q][i], k.lambda_ck));
+        }
+        for (i, j) in (0..pk_trajs.len()).filter(|&j| pk_group[j] == q).enumerate() {
+            pg.push(row(context, &pk_trajs[j], adv.rpk[q0 + q][i], k.lambda_rpk));
+            pg.push(row(&p_ids[j], &pk_trajs[j], adv.pk[q0 + q][i], k.lambda_pk));
+        }
     }
     pg.retain(|r| r.weight != 0.0);
     // Released code: one token-mean over the 2n generated responses (J_PK and J_RPK add up per

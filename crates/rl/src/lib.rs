@@ -9,6 +9,7 @@ pub mod agent;
 pub mod akbe;
 pub mod bridge;
 pub mod config;
+pub mod data_parallel;
 pub mod grpo;
 pub mod knowledgeable_r1;
 pub mod loss;

@@ -8,6 +8,7 @@ use crate::reward::reward;
 use crate::sections::{AlgorithmSection, RewardSection, RolloutSection};
 use crate::task::{Prompt, Task};
 use crate::update::{mask_len, LossTerm, Normaliser, PgRow};
+use knowrl_dist::ProcessGroup;
 use knowrl_engine::{LoraConfig, Policy, Rng, Tokenizer};
 use knowrl_retrieval::dense::DenseRetriever;
 use knowrl_retrieval::{Hit, Retriever};
@@ -35,6 +36,10 @@ pub trait MethodSpec {
     /// The query-side LoRA the method trains on the dense retriever, if any.
     fn query_lora(&self) -> Option<LoraConfig> {
         None
+    }
+    /// Whether the method's step runs as one rank of several (`Err`: why not yet).
+    fn data_parallel(&self) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -64,13 +69,15 @@ pub struct MethodState {
 }
 
 /// What a run trains with: the policy, a frozen copy of its starting weights when needed (KL or
-/// DPO without LoRA, AKBE's offline signals), and the search tool (also as the dense retriever
-/// whose query LoRA BRIDGE trains).
+/// DPO without LoRA, AKBE's offline signals), the search tool (also as the dense retriever
+/// whose query LoRA BRIDGE trains), and the process group when this process is one rank of
+/// several (`None`: one process).
 pub struct TrainEnv<'a> {
     pub policy: &'a Policy,
     pub reference: Option<&'a Policy>,
     pub retriever: &'a dyn Retriever,
     pub dense: Option<&'a DenseRetriever>,
+    pub group: Option<&'a ProcessGroup>,
 }
 
 /// What a step sees: the run's resources, the shared sections it rolls out and scores with,
@@ -91,6 +98,63 @@ pub struct StepCtx<'a> {
     pub seed: u64,
     pub step: u64,
     pub steps: u64,
+    /// Which of the step's questions this process holds (all of them in one process).
+    pub shard: Shard<'a>,
+}
+
+/// This rank's share of a step's questions: a contiguous run of them, so groups never split.
+/// A rank sees only its own questions; batch-level statistics go through [`Shard::gather`].
+#[derive(Clone, Copy)]
+pub struct Shard<'a> {
+    pub group: Option<&'a ProcessGroup>,
+    /// The index of this rank's first question in the step's batch, how many it holds, and
+    /// the batch's size.
+    pub first_task: usize,
+    pub local_tasks: usize,
+    pub tasks: usize,
+}
+
+impl<'a> Shard<'a> {
+    /// One process holding the whole batch of `tasks` questions.
+    pub fn whole(tasks: usize) -> Shard<'a> {
+        Shard { group: None, first_task: 0, local_tasks: tasks, tasks }
+    }
+
+    /// The batch's row index of local row `j` of a block of `n` rows that starts at local row
+    /// `first_row`. A step lays its rows out in blocks of questions × copies (`replicate`),
+    /// so every block of the batch is `tasks / local_tasks` times the rank's, and this rank's
+    /// rows sit at its questions' place in it: the one-process numbering, whatever the ranks.
+    pub fn batch_row(&self, first_row: usize, n: usize, j: usize) -> usize {
+        if self.local_tasks == self.tasks {
+            return first_row + j;
+        }
+        let l = self.local_tasks.max(1);
+        assert!(
+            n.is_multiple_of(l) && (first_row * self.tasks).is_multiple_of(l),
+            "rows are blocks of questions × copies"
+        );
+        first_row * self.tasks / l + self.first_task * (n / l) + j
+    }
+
+    /// Every rank's `local` items in rank order, i.e. the batch's (one process: `local`).
+    pub fn gather<T: Serialize + serde::de::DeserializeOwned>(&self, local: Vec<T>) -> knowrl_engine::Result<Vec<T>> {
+        let Some(g) = self.group else {
+            return Ok(local);
+        };
+        let bytes = serde_json::to_vec(&local).expect("serialisable");
+        let mut all = vec![];
+        for (rank, b) in g.all_gather_bytes(&bytes).map_err(dist_error)?.iter().enumerate() {
+            let part: Vec<T> = serde_json::from_slice(b)
+                .map_err(|e| knowrl_engine::EngineError::Invalid(format!("data parallel: rank {rank}'s items: {e}")))?;
+            all.extend(part);
+        }
+        Ok(all)
+    }
+}
+
+/// A collective's failure as the engine's error.
+pub fn dist_error(e: knowrl_dist::DistError) -> knowrl_engine::EngineError {
+    knowrl_engine::EngineError::Invalid(format!("data parallel: {e}"))
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -232,7 +296,7 @@ impl StepCtx<'_> {
     }
 
     fn rngs(&self, n: usize, first_row: usize) -> Vec<Rng> {
-        (0..n).map(|j| Rng::new(row_seed(self.seed, self.step, first_row + j))).collect()
+        (0..n).map(|j| Rng::new(row_seed(self.seed, self.step, self.shard.batch_row(first_row, n, j)))).collect()
     }
 
     pub fn rollout(

@@ -7,8 +7,15 @@
 //! Determinism: questions are drawn from the trainer's generator (checkpointed), and rollout row
 //! j of step s samples from `Rng::new(seed ⊕ s ⊕ j)`, so a resumed run repeats exactly what the
 //! uninterrupted one would have done (tested bit-identical on CPU).
+//!
+//! Data parallel (`env.group`): every rank draws the same questions and rolls out its
+//! contiguous share (row j keeps its one-process generator: `Shard::batch_row`); the loss
+//! normaliser and the mini-batches are the batch's, gradients are summed over ranks before the
+//! clip, so every rank takes the one-process step. Rank 0 alone writes metrics, evaluations
+//! and checkpoints (`data_parallel`).
 use crate::config::TrainConfig;
-use crate::method::{row_seed, MethodState, StepCtx, StepMetrics, StepOutput, TrainEnv};
+use crate::data_parallel;
+use crate::method::{row_seed, MethodState, Shard, StepCtx, StepMetrics, StepOutput, TrainEnv};
 use crate::task::Task;
 use crate::update::{backward, mask_len, score_old, LossTerm, Normaliser, PgRow, PgStats};
 use knowrl_engine::checkpoint;
@@ -45,8 +52,19 @@ pub fn train_with_eval(
     on_step: &dyn Fn(&StepMetrics),
     evaluate: Option<Evaluate>,
 ) -> knowrl_engine::Result<Vec<StepMetrics>> {
-    let (policy, reference) = (env.policy, env.reference);
+    let (policy, reference, group) = (env.policy, env.reference, env.group);
     let tok = policy.tokenizer()?;
+    let (rank, ranks) = group.map_or((0, 1), |g| (g.rank(), g.size()));
+    let lead = rank == 0;
+    if ranks > 1 {
+        cfg.method.spec().data_parallel().map_err(knowrl_engine::EngineError::Invalid)?;
+        if !cfg.rollout.prompts_per_step.is_multiple_of(ranks) {
+            return Err(knowrl_engine::EngineError::Invalid(format!(
+                "rollout.prompts_per_step = {} does not split over {ranks} ranks (groups never split)",
+                cfg.rollout.prompts_per_step
+            )));
+        }
+    }
     let mut method = cfg.method.spec().build();
     let out = &cfg.run.out_dir;
     std::fs::create_dir_all(out).map_err(|e| knowrl_engine::EngineError::io(out, e))?;
@@ -71,10 +89,12 @@ pub fn train_with_eval(
             start = step;
             // Drop rows of steps after the checkpoint: they will be run again. metrics.jsonl
             // rows carry the 0-based step index; eval.jsonl rows the steps completed.
-            trim_jsonl(&metrics_path, |step| step < start)?;
-            trim_jsonl(&out.join("eval.jsonl"), |done| done <= start)?;
+            if lead {
+                trim_jsonl(&metrics_path, |step| step < start)?;
+                trim_jsonl(&out.join("eval.jsonl"), |done| done <= start)?;
+            }
         }
-    } else {
+    } else if lead {
         for f in [metrics_path.clone(), out.join("eval.jsonl")] {
             if f.exists() {
                 std::fs::remove_file(&f).map_err(|e| knowrl_engine::EngineError::io(&f, e))?;
@@ -83,22 +103,27 @@ pub fn train_with_eval(
     }
     // TensorBoard beside metrics.jsonl; a resumed run marks its restart so the interrupted run's
     // later points are dropped, as metrics.jsonl's rows are.
-    let mut board = crate::tensorboard::EventWriter::create(out)?;
-    if start > 0 {
-        board.restart(start as i64)?;
+    let mut board = if lead { Some(crate::tensorboard::EventWriter::create(out)?) } else { None };
+    if let (Some(b), true) = (board.as_mut(), start > 0) {
+        b.restart(start as i64)?;
     }
     let mut all = vec![];
     for step in start..cfg.run.steps {
         let (t0, flops0) = (Instant::now(), knowrl_engine::flops::total());
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
-        let ctx = step_ctx(env, tok, cfg, step);
-        let mut out = method.step(&ctx, &picks)?;
+        // This rank's contiguous share of the questions (all of them in one process).
+        let local = picks.len() / ranks;
+        let shard = Shard { group, first_task: rank * local, local_tasks: local, tasks: picks.len() };
+        let picks = &picks[shard.first_task..shard.first_task + local];
+        let ctx = step_ctx(env, tok, cfg, step, shard);
+        let mut out = method.step(&ctx, picks)?;
         let diagnostics = method.diagnose(&ctx, &out)?;
         out.metrics.extra.extend(diagnostics);
         let rollout_s = t0.elapsed().as_secs_f64();
         let rollout_flops = knowrl_engine::flops::total() - flops0;
         let t1 = Instant::now();
-        let up = update_policy(policy, reference, &mut opt, &mut out, cfg, row_seed(cfg.run.seed, step, usize::MAX));
+        let seed = row_seed(cfg.run.seed, step, usize::MAX);
+        let up = update_policy(group, policy, reference, &mut opt, &mut out, cfg, seed)?;
         let mut extra = out.metrics.extra.clone();
         extra.extend(up.extra.clone());
         // The step's weight-GEMM FLOPs (generation, scoring, backward): its compute floor.
@@ -117,10 +142,14 @@ pub fn train_with_eval(
             extra,
             ..out.metrics
         };
-        append_jsonl(&metrics_path, &serde_json::to_value(&metrics).unwrap())?;
-        board.scalars(step as i64, &scalars(&metrics))?;
+        let metrics = data_parallel::merge_metrics(group, metrics)?;
+        if let Some(board) = board.as_mut() {
+            append_jsonl(&metrics_path, &serde_json::to_value(&metrics).unwrap())?;
+            board.scalars(step as i64, &scalars(&metrics))?;
+        }
         let done = step + 1;
-        if let (Some(eval), true) = (evaluate, cfg.run.eval_every > 0 && done.is_multiple_of(cfg.run.eval_every)) {
+        let due = cfg.run.eval_every > 0 && done.is_multiple_of(cfg.run.eval_every);
+        if let (Some(eval), Some(board), true) = (evaluate, board.as_mut(), due) {
             match eval(policy) {
                 Ok(mut row) => {
                     // Plotted at the index of the step it follows (metrics.jsonl's numbering).
@@ -138,7 +167,11 @@ pub fn train_with_eval(
             let mut tensors: Vec<(String, tch::Tensor)> = m.tensors.into_iter().collect();
             tensors.sort_by(|a, b| a.0.cmp(&b.0));
             let state = serde_json::json!({ "rng": rng, "method": m.json });
-            checkpoint::save(&ckpt_root, done, &params, &opt, &state, &tensors)?;
+            if lead {
+                checkpoint::save(&ckpt_root, done, &params, &opt, &state, &tensors)?;
+            }
+            // The others may read it (a resume) only once it is whole.
+            data_parallel::barrier(group)?;
         }
     }
     Ok(all)
@@ -184,12 +217,13 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
     out
 }
 
-/// The step context of `step` for a run of `cfg` on `env`.
+/// The step context of `step` for a run of `cfg` on `env`, holding `shard` of its questions.
 pub fn step_ctx<'a>(
     env: &TrainEnv<'a>,
     tok: &'a knowrl_engine::Tokenizer,
     cfg: &'a TrainConfig,
     step: u64,
+    shard: Shard<'a>,
 ) -> StepCtx<'a> {
     StepCtx {
         policy: env.policy,
@@ -204,6 +238,7 @@ pub fn step_ctx<'a>(
         seed: cfg.run.seed,
         step,
         steps: cfg.run.steps,
+        shard,
     }
 }
 
@@ -225,49 +260,81 @@ pub struct UpdateStats {
 /// The advantages stay the batch's; a mini-batch's loss normaliser is its share of the batch's
 /// (token-mean over its own tokens, as verl's). One mini-batch and one epoch is exactly the
 /// single update of earlier versions, π_old the detached current log-probs.
+///
+/// As one rank of `group` (`None`: one process), this rank's rows are rows `offset..offset + n`
+/// of the batch's (ranks in order, each a contiguous piece: `Method` lays rows out question by
+/// question). The normaliser, the mini-batch dealing and each mini-batch's token share are the
+/// batch's; each rank back-propagates its rows of a mini-batch and the gradients are summed
+/// before the clip, so all ranks take the step one process would. Only a collective can fail.
 pub fn update_policy(
+    group: Option<&knowrl_dist::ProcessGroup>,
     policy: &Policy,
     reference: Option<&Policy>,
     opt: &mut AdamW,
     out: &mut StepOutput,
     cfg: &TrainConfig,
     seed: u64,
-) -> UpdateStats {
+) -> knowrl_engine::Result<UpdateStats> {
     let (alg, mb, temp) = (&cfg.algorithm, cfg.optim.micro_batch, cfg.rollout.temperature);
     // The policy-gradient term's rows are dealt into mini-batches; every other term is cut into
     // as many contiguous parts.
     let (mut pg, own_norm, aux) = split_terms(std::mem::take(&mut out.terms));
-    let norm = own_norm.unwrap_or_else(|| Normaliser::of(&pg));
-    let n = pg.len();
-    let size = if alg.ppo_mini_batch == 0 { n.max(1) } else { alg.ppo_mini_batch };
-    let per_epoch = n.div_ceil(size).max(1);
+    if group.is_some() && !aux.is_empty() {
+        return Err(knowrl_engine::EngineError::Invalid("data parallel: auxiliary loss terms are not sharded".into()));
+    }
+    let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
+    let local_norm = own_norm.unwrap_or_else(|| Normaliser::of(&pg));
+    let mut batch = [local_norm.tokens, local_norm.sequences, tokens(&pg)];
+    data_parallel::sum(group, &mut batch)?;
+    let [norm_tokens, norm_sequences, all_tokens] = batch;
+    let counts = data_parallel::counts(group, pg.len())?;
+    let rank = group.map_or(0, |g| g.rank());
+    let (offset, n, n_all) = (counts[..rank].iter().sum::<usize>(), pg.len(), counts.iter().sum::<usize>());
+    let size = if alg.ppo_mini_batch == 0 { n_all.max(1) } else { alg.ppo_mini_batch };
+    let per_epoch = n_all.div_ceil(size).max(1);
     let updates = per_epoch * alg.ppo_epochs;
     if updates > 1 {
         score_old(policy, &mut pg, alg, temp, mb);
     }
-    let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
-    let all_tokens = tokens(&pg);
     let mut st = UpdateStats::default();
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();
     for epoch in 0..alg.ppo_epochs {
-        for (i, batch) in mini_batches(n, size, seed, epoch).iter().enumerate() {
-            let rows: Vec<PgRow> = batch.iter().map(|&j| pg[j].clone()).collect();
-            let share = if all_tokens > 0.0 { tokens(&rows) / all_tokens } else { 1.0 / per_epoch as f64 };
+        let batches = mini_batches(n_all, size, seed, epoch);
+        // Each mini-batch's rows on this rank, and its tokens over all ranks.
+        let mine: Vec<Vec<usize>> = batches
+            .iter()
+            .map(|b| b.iter().filter(|&&j| (offset..offset + n).contains(&j)).map(|&j| j - offset).collect())
+            .collect();
+        let mut batch_tokens: Vec<f64> =
+            mine.iter().map(|b| b.iter().map(|&j| mask_len(&pg[j].seq.loss_mask)).sum()).collect();
+        data_parallel::sum(group, &mut batch_tokens)?;
+        for (i, (batch, mine)) in batches.iter().zip(&mine).enumerate() {
+            let rows: Vec<PgRow> = mine.iter().map(|&j| pg[j].clone()).collect();
+            let share = if all_tokens > 0.0 { batch_tokens[i] / all_tokens } else { 1.0 / per_epoch as f64 };
             let normaliser = Some(Normaliser {
-                tokens: norm.tokens * share,
-                sequences: norm.sequences * rows.len() as f64 / n.max(1) as f64,
+                tokens: norm_tokens * share,
+                sequences: norm_sequences * batch.len() as f64 / n_all.max(1) as f64,
             });
             let mut terms = vec![LossTerm::Pg { rows, normaliser }];
             terms.extend(aux.iter().map(|t| t.part(i, per_epoch)));
             opt.zero_grad();
-            let b = backward(policy, reference, &terms, alg, temp, mb);
+            let mut b = backward(policy, reference, &terms, alg, temp, mb);
+            let (wait_s, reduce_s) = data_parallel::all_reduce_grads(group, opt.params())?;
+            if group.is_some() {
+                *sums.entry("allreduce_wait_s".into()).or_default() += wait_s;
+                *sums.entry("allreduce_s".into()).or_default() += reduce_s;
+            }
+            // The loss is a sum over rows / the batch's normaliser: the ranks' parts add up.
+            let mut loss = [b.pg.loss];
+            data_parallel::sum(group, &mut loss)?;
+            b.pg.loss = loss[0];
             *sums.entry("score_s".into()).or_default() += b.pg.score_s;
             *sums.entry("backward_s".into()).or_default() += b.pg.backward_s;
             *sums.entry("skipped_rows".into()).or_default() += b.pg.skipped_rows as f64 / alg.ppo_epochs as f64;
             for (k, v) in b.terms {
                 *sums.entry(k).or_default() += v / updates as f64;
             }
-            let any = terms.iter().any(|t| !t.is_empty());
+            let any = !batch.is_empty() || terms[1..].iter().any(|t| !t.is_empty());
             let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
             if any {
                 opt.step(cfg.optim.lr);
@@ -289,7 +356,7 @@ pub fn update_policy(
     st.extra = sums;
     // The terms go back as the update saw them (π_old scored into the rows).
     out.terms = std::iter::once(LossTerm::Pg { rows: pg, normaliser: own_norm }).chain(aux).collect();
-    st
+    Ok(st)
 }
 
 /// A step's policy-gradient rows (at most one such term), the normaliser the method set for

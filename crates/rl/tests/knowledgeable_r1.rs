@@ -238,8 +238,8 @@ fn objectives_values_and_gradient_signs() {
 
 /// The advantages `step` gives each row are `advantages()` of the rewards of the responses they
 /// carry (the indexing from questions and samples to rows): rewards recomputed from each row's
-/// own response, in the order the step lays rows out (CK rows question by question, then each
-/// PK response's RPK and PK rows).
+/// own response, in the order the step lays rows out (question by question: its CK rows, then
+/// each PK response's RPK and PK rows).
 #[test]
 fn step_assigns_each_row_the_advantage_of_its_own_reward() {
     use knowrl_rl::agent::{parse_action, Action};
@@ -256,12 +256,13 @@ fn step_assigns_each_row_the_advantage_of_its_own_reward() {
     };
     let len = |r: &knowrl_rl::update::PgRow| r.seq.loss_mask.iter().filter(|m| **m).count() as f64;
     let (n_ck, n_pk) = (2, 3);
-    let ck_rows = &rows[..2 * n_ck];
-    let pk_rows = &rows[2 * n_ck..];
+    let per_question = n_ck + 2 * n_pk;
+    let ck_of = |q: usize| &rows[q * per_question..q * per_question + n_ck];
+    let pk_of = |q: usize| &rows[q * per_question + n_ck..(q + 1) * per_question];
     let batch: Vec<QuestionRewards> = (0..2)
         .map(|q| {
-            let ck = &ck_rows[q * n_ck..(q + 1) * n_ck];
-            let pk: Vec<_> = pk_rows[q * 2 * n_pk..(q + 1) * 2 * n_pk].iter().skip(1).step_by(2).collect();
+            let ck = ck_of(q);
+            let pk: Vec<_> = pk_of(q).iter().skip(1).step_by(2).collect();
             QuestionRewards {
                 ck: ck.iter().map(|r| reward(r, q)).collect(),
                 pk: pk.iter().map(|r| reward(r, q)).collect(),
@@ -273,10 +274,10 @@ fn step_assigns_each_row_the_advantage_of_its_own_reward() {
     let want = advantages(&KnowledgeableR1Config { n_pk, n_ck, ..Default::default() }, &batch);
     for q in 0..2 {
         for i in 0..n_ck {
-            assert_eq!(ck_rows[q * n_ck + i].advantage, want.ck[q][i], "CK row {q}/{i}");
+            assert_eq!(ck_of(q)[i].advantage, want.ck[q][i], "CK row {q}/{i}");
         }
         for i in 0..n_pk {
-            let (rpk, pk) = (&pk_rows[q * 2 * n_pk + 2 * i], &pk_rows[q * 2 * n_pk + 2 * i + 1]);
+            let (rpk, pk) = (&pk_of(q)[2 * i], &pk_of(q)[2 * i + 1]);
             assert_eq!(rpk.seq.response, pk.seq.response);
             assert_eq!(rpk.advantage, want.rpk[q][i], "RPK row {q}/{i}");
             assert_eq!(pk.advantage, want.pk[q][i], "PK row {q}/{i}");

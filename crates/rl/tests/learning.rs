@@ -75,7 +75,7 @@ fn grpo_dapo_and_gspo_learn_a_one_token_reward() {
                 })
                 .collect();
             let mut out = StepOutput { terms: vec![LossTerm::Pg { rows, normaliser: None }], ..Default::default() };
-            update_policy(&p, None, &mut opt, &mut out, &cfg, step);
+            update_policy(None, &p, None, &mut opt, &mut out, &cfg, step).unwrap();
         }
         let after = p_right(&p);
         println!("{alg:?}: P(right token) {before:.3} -> {after:.3}");

@@ -102,7 +102,7 @@ fn one_mini_batch_is_the_single_update_and_several_match_pytorch() {
         let p = tiny_policy(&root);
         let mut opt = optimiser(&p);
         let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: rows(), normaliser: None }], ..Default::default() };
-        let st = update_policy(&p, None, &mut opt, &mut out, cfg, 5);
+        let st = update_policy(None, &p, None, &mut opt, &mut out, cfg, 5).unwrap();
         (adapters(&p), st)
     };
     let (ours, st) = single(&config(0, 1, 1e-2));
@@ -127,7 +127,7 @@ fn one_mini_batch_is_the_single_update_and_several_match_pytorch() {
         let p = tiny_policy(&root);
         let mut opt = optimiser(&p);
         let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: rows(), normaliser: None }], ..Default::default() };
-        let st = update_policy(&p, None, &mut opt, &mut out, &cfg, seed);
+        let st = update_policy(None, &p, None, &mut opt, &mut out, &cfg, seed).unwrap();
         (adapters(&p), st)
     };
     assert_eq!(st.per_update.len(), 6);
@@ -167,7 +167,7 @@ fn the_ratio_leaves_one_after_the_first_mini_batch_and_the_clip_acts() {
     let twice: Vec<PgRow> = rows().into_iter().chain(rows()).collect();
     let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: twice, normaliser: None }], ..Default::default() };
     let mut opt = optimiser(&p);
-    let st = update_policy(&p, None, &mut opt, &mut out, &config(8, 1, 5e-2), 1);
+    let st = update_policy(None, &p, None, &mut opt, &mut out, &config(8, 1, 5e-2), 1).unwrap();
     let [(first, _), (second, _)] = st.per_update[..] else { panic!("{} updates, want 2", st.per_update.len()) };
     assert!(first.ppo_kl.abs() < 1e-9, "first mini-batch: π = π_old, got ppo_kl {}", first.ppo_kl);
     assert_eq!(first.clip_frac, 0.0);

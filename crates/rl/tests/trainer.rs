@@ -18,7 +18,7 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
 
     let a = load();
     let ma = train(
-        &TrainEnv { policy: &a, reference: None, retriever: &r, dense: None },
+        &TrainEnv { policy: &a, reference: None, retriever: &r, dense: None, group: None },
         &tasks,
         &config(&base.join("a"), 2, ""),
         false,
@@ -33,7 +33,7 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     // Interrupted after step 1, resumed by a fresh process state from the checkpoint.
     let b = load();
     train(
-        &TrainEnv { policy: &b, reference: None, retriever: &r, dense: None },
+        &TrainEnv { policy: &b, reference: None, retriever: &r, dense: None, group: None },
         &tasks,
         &config(&base.join("b"), 1, ""),
         false,
@@ -50,7 +50,7 @@ fn grpo_runs_checkpoints_and_resumes_bit_identically() {
     std::fs::write(base.join("b/eval.jsonl"), "{\"step\":1,\"em\":0.1}\n{\"step\":2,\"em\":0.2}\n").unwrap();
     let b2 = load();
     let mb = train(
-        &TrainEnv { policy: &b2, reference: None, retriever: &r, dense: None },
+        &TrainEnv { policy: &b2, reference: None, retriever: &r, dense: None, group: None },
         &tasks,
         &config(&base.join("b"), 2, ""),
         true,
@@ -159,7 +159,7 @@ fn bridge_resumes_bit_identically_with_its_retriever_state() {
     let run = |dir: &str, steps: u64, resume: bool| {
         let p = policy();
         let r = common::retriever_with(Some(lora.clone()));
-        let env = TrainEnv { policy: &p, reference: None, retriever: &r, dense: Some(&r) };
+        let env = TrainEnv { policy: &p, reference: None, retriever: &r, dense: Some(&r), group: None };
         let m = train(&env, &tasks, &config(&base.join(dir), steps, method), resume, &|_| {}).unwrap();
         let adapter: Vec<tch::Tensor> =
             r.encoder.lock().unwrap().adapter_parameters().into_iter().map(|(_, t)| t).collect();
@@ -208,7 +208,7 @@ fn periodic_evaluations_are_appended_by_the_trainer() {
         }
         Ok(serde_json::json!({"em": 0.25 * calls.get() as f64}))
     };
-    let env = TrainEnv { policy: &p, reference: None, retriever: &r, dense: None };
+    let env = TrainEnv { policy: &p, reference: None, retriever: &r, dense: None, group: None };
     knowrl_rl::trainer::train_with_eval(&env, &tasks, &cfg, false, &|_| {}, Some(&evaluate)).unwrap();
     assert_eq!(calls.get(), 3);
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("eval.jsonl"))

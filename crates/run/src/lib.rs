@@ -5,6 +5,7 @@
 //! `knowrl_rl::trainer::train_with_eval` (which owns metrics.jsonl, eval.jsonl, TensorBoard and
 //! the checkpoints).
 use anyhow::{Context, Result};
+use knowrl_dist::{Backend, ProcessGroup, Rendezvous};
 use knowrl_engine::device::parse_device;
 use knowrl_engine::encoder::Encoder;
 use knowrl_engine::{LoadOptions, Policy};
@@ -121,13 +122,46 @@ pub fn retriever(cfg: &TrainConfig) -> Result<SearchTool> {
     })
 }
 
+/// This process's process group when torchrun's environment (or `knowrl train --nproc`) makes
+/// it one rank of several (`None`: one process): NCCL when the run is on CUDA, else gloo. Ranks meet at MASTER_ADDR:MASTER_PORT within
+/// `timeout` (which also bounds every collective), and a rank started with another config than
+/// rank 0's is refused there, naming the first differing field.
+pub fn join_ranks(cfg: &TrainConfig, timeout: std::time::Duration) -> Result<Option<ProcessGroup>> {
+    let Some(r) = Rendezvous::from_env()? else {
+        return Ok(None);
+    };
+    if r.world_size == 1 {
+        return Ok(None);
+    }
+    // NCCL between GPUs (one per local rank), gloo between CPUs.
+    let backend = if cfg.model.device.starts_with("cuda") { Backend::Nccl } else { Backend::Gloo };
+    let g = ProcessGroup::new(&r, backend, timeout).with_context(|| {
+        format!("rank {} of {} at {}:{} ({backend:?})", r.rank, r.world_size, r.master_addr, r.master_port)
+    })?;
+    let text = toml::to_string(cfg).context("serialising the config")?;
+    let all = g.all_gather_bytes(text.as_bytes())?;
+    let lead: TrainConfig = toml::from_str(&String::from_utf8_lossy(&all[0])).context("rank 0's config")?;
+    if let Some(field) = lead.first_difference(cfg) {
+        anyhow::bail!("rank {} was started with another config than rank 0's (first difference: {field})", r.rank);
+    }
+    for (rank, theirs) in all.iter().enumerate().skip(1) {
+        let theirs: TrainConfig = toml::from_str(&String::from_utf8_lossy(theirs)).context("a rank's config")?;
+        if let Some(field) = lead.first_difference(&theirs) {
+            anyhow::bail!("rank {rank} was started with another config than rank 0's (first difference: {field})");
+        }
+    }
+    Ok(Some(g))
+}
+
 /// Trains `policy` with `tool` as `cfg` says (continuing from the latest checkpoint when
-/// `resume`), evaluating every `run.eval_every` steps; `on_step` sees each step's metrics.
+/// `resume`), evaluating every `run.eval_every` steps; `on_step` sees each step's metrics. With
+/// a `group` this process is one of its ranks (`join_ranks`).
 pub fn train(
     policy: &Policy,
     tool: &SearchTool,
     cfg: &TrainConfig,
     resume: bool,
+    group: Option<&ProcessGroup>,
     on_step: &dyn Fn(&StepMetrics),
 ) -> Result<Vec<StepMetrics>> {
     let tasks = tasks(cfg)?;
@@ -142,7 +176,7 @@ pub fn train(
     } else {
         None
     };
-    let env = TrainEnv { policy, reference: reference.as_ref(), retriever: tool.as_dyn(), dense };
+    let env = TrainEnv { policy, reference: reference.as_ref(), retriever: tool.as_dyn(), dense, group };
     let periodic = PeriodicEval::new(cfg, tool)?;
     let evaluate =
         |p: &Policy| periodic.as_ref().expect("only called with an evaluator").run(p).map_err(|e| format!("{e:#}"));

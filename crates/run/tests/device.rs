@@ -40,7 +40,7 @@ fn a_bf16_run_trains_an_f32_adapter_on_a_bf16_base() {
     assert!(!kinds(true).is_empty() && kinds(true).iter().all(|k| *k == Kind::Float), "the LoRA is f32");
     let before: Vec<tch::Tensor> = policy.trainable_parameters().iter().map(|(_, t)| t.copy()).collect();
     let tool = knowrl_run::retriever(&cfg).unwrap();
-    let m = knowrl_run::train(&policy, &tool, &cfg, false, &|_| {}).unwrap();
+    let m = knowrl_run::train(&policy, &tool, &cfg, false, None, &|_| {}).unwrap();
     assert_eq!(m.len(), 2);
     assert!(m.iter().all(|s| s.loss.is_finite() && s.grad_norm.is_finite()), "{m:?}");
     let moved =

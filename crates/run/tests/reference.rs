@@ -24,7 +24,7 @@ fn offline_akbe_loads_the_checkpoint_it_names() {
     let grpo = config(&base.join("grpo"), "");
     let policy = knowrl_run::load(&grpo).unwrap();
     let tool = knowrl_run::retriever(&grpo).unwrap();
-    let m = knowrl_run::train(&policy, &tool, &grpo, false, &|_| {}).unwrap();
+    let m = knowrl_run::train(&policy, &tool, &grpo, false, None, &|_| {}).unwrap();
     assert!(m.iter().any(|s| s.grad_norm > 0.0), "the GRPO run must move the policy");
     let ckpt = base.join("grpo/checkpoints");
     let offline = format!(

@@ -138,23 +138,6 @@ fn write_toml(path: &Path, v: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
-/// The first path at which two JSON values differ (`a.b[2]`), if any.
-fn first_difference(a: &Value, b: &Value, at: String) -> Option<String> {
-    match (a, b) {
-        (Value::Object(x), Value::Object(y)) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-            keys.into_iter().find_map(|k| {
-                let path = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
-                first_difference(x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), path)
-            })
-        }
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(p, q, format!("{at}[{i}]")))
-        }
-        _ => (a != b).then_some(at),
-    }
-}
-
 /// The untrained policy's row, evaluated once per `eval_key` and kept in
 /// `runs/reproduce-<method>/<name>/result.toml` like a trained arm's.
 pub(super) fn untrained<T: Serialize + DeserializeOwned>(
@@ -236,8 +219,7 @@ pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
                 );
             }
             if let Some(old) = read_toml::<TrainConfig>(&dir.join("config.toml"))? {
-                let old = serde_json::to_value(&old)?;
-                if let Some(field) = first_difference(&old, &serde_json::to_value(&cfg)?, String::new()) {
+                if let Some(field) = old.first_difference(&cfg) {
                     anyhow::bail!(
                         "{}: trained under another config (first difference: {field}); move the directory away to train this arm again",
                         dir.display()

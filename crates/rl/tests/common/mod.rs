@@ -137,5 +137,6 @@ pub fn ctx<'a>(
         seed: cfg.run.seed,
         step: 0,
         steps: cfg.run.steps,
+        shard: knowrl_rl::method::Shard::whole(cfg.rollout.prompts_per_step),
     }
 }

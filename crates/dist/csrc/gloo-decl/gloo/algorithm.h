@@ -1,0 +1,1 @@
+// Declarations only: see gloo-decl/README.md.

@@ -1,0 +1,105 @@
+//! What the trainer does differently as one rank of several (`knowrl-dist`'s process group):
+//! batch-wide sums (the loss normaliser, row counts), the gradient all-reduce, and one metrics
+//! row for the step. With no group every function is the one-process identity, so the trainer
+//! has one code path.
+use crate::method::{dist_error, StepMetrics};
+use knowrl_dist::{ProcessGroup, DEFAULT_BUCKET_BYTES};
+use knowrl_engine::Result;
+use tch::Tensor;
+
+/// In place: each value summed over ranks.
+pub fn sum(group: Option<&ProcessGroup>, v: &mut [f64]) -> Result<()> {
+    match group {
+        Some(g) => g.all_reduce_f64(v).map_err(dist_error),
+        None => Ok(()),
+    }
+}
+
+/// Every rank's `n`, in rank order.
+pub fn counts(group: Option<&ProcessGroup>, n: usize) -> Result<Vec<usize>> {
+    let Some(g) = group else {
+        return Ok(vec![n]);
+    };
+    let mut v = vec![0.0; g.size()];
+    v[g.rank()] = n as f64;
+    g.all_reduce_f64(&mut v).map_err(dist_error)?;
+    Ok(v.into_iter().map(|x| x as usize).collect())
+}
+
+/// Sums every parameter's gradient over ranks (buckets of DDP's 25 MiB), so each rank holds
+/// the batch's gradient and takes the same optimiser step. A parameter with a gradient on some
+/// rank but not here gets zeros first (every rank passes the same list); one no rank touched
+/// keeps none, and AdamW skips it as one process would. Returns the seconds spent waiting for
+/// the slowest rank (a barrier first) and the seconds of the reduction itself.
+pub fn all_reduce_grads(group: Option<&ProcessGroup>, params: &[(String, Tensor)]) -> Result<(f64, f64)> {
+    let Some(g) = group else {
+        return Ok((0.0, 0.0));
+    };
+    let t0 = std::time::Instant::now();
+    g.barrier().map_err(dist_error)?;
+    let waited = t0.elapsed().as_secs_f64();
+    let t0 = std::time::Instant::now();
+    let mut has: Vec<f64> = params.iter().map(|(_, p)| f64::from(u8::from(p.grad().defined()))).collect();
+    g.all_reduce_f64(&mut has).map_err(dist_error)?;
+    let missing: Vec<Tensor> = params
+        .iter()
+        .zip(&has)
+        .filter(|((_, p), &h)| h > 0.0 && !p.grad().defined())
+        .map(|((_, p), _)| p.sum(p.kind()) * 0.0)
+        .collect();
+    if !missing.is_empty() {
+        Tensor::stack(&missing, 0).sum(tch::Kind::Float).backward();
+    }
+    let mut grads: Vec<Tensor> =
+        params.iter().zip(&has).filter(|(_, &h)| h > 0.0).map(|((_, p), _)| p.grad()).collect();
+    tch::no_grad(|| g.all_reduce_buckets(&mut grads, DEFAULT_BUCKET_BYTES)).map_err(dist_error)?;
+    Ok((waited, t0.elapsed().as_secs_f64()))
+}
+
+/// Figures that add up over ranks (counts and FLOPs); every other figure is the ranks' mean
+/// (each rank holds the same number of questions, so a mean over rows is exact).
+const ADDITIVE: [&str; 4] = ["skipped_rows", "gemm_flops", "rollout_gemm_flops", "kept_rows"];
+
+/// One metrics row for the step from every rank's.
+pub fn merge_metrics(group: Option<&ProcessGroup>, m: StepMetrics) -> Result<StepMetrics> {
+    let Some(g) = group else {
+        return Ok(m);
+    };
+    let bytes = serde_json::to_vec(&m).expect("serialisable");
+    let rows: Vec<StepMetrics> = g
+        .all_gather_bytes(&bytes)
+        .map_err(dist_error)?
+        .iter()
+        .map(|b| serde_json::from_slice(b).expect("a rank's metrics row"))
+        .collect();
+    let k = rows.len() as f64;
+    let mean = |f: &dyn Fn(&StepMetrics) -> f64| rows.iter().map(f).sum::<f64>() / k;
+    let mut out = StepMetrics {
+        step: m.step,
+        reward: mean(&|r| r.reward),
+        em: mean(&|r| r.em),
+        tool_calls: mean(&|r| r.tool_calls),
+        response_len: mean(&|r| r.response_len),
+        kl: mean(&|r| r.kl),
+        entropy: mean(&|r| r.entropy),
+        clip_frac: mean(&|r| r.clip_frac),
+        loss: mean(&|r| r.loss),
+        grad_norm: mean(&|r| r.grad_norm),
+        kept_groups: rows.iter().map(|r| r.kept_groups).sum(),
+        rollout_s: mean(&|r| r.rollout_s),
+        update_s: mean(&|r| r.update_s),
+        step_s: mean(&|r| r.step_s),
+        extra: Default::default(),
+    };
+    for key in m.extra.keys() {
+        let v: Vec<f64> = rows.iter().filter_map(|r| r.extra.get(key).copied()).collect();
+        let total: f64 = v.iter().sum();
+        out.extra.insert(key.clone(), if ADDITIVE.contains(&key.as_str()) { total } else { total / v.len() as f64 });
+    }
+    Ok(out)
+}
+
+/// Returns once every rank is here (after rank 0 wrote a checkpoint the others may read).
+pub fn barrier(group: Option<&ProcessGroup>) -> Result<()> {
+    group.map_or(Ok(()), |g| g.barrier().map_err(dist_error))
+}
