@@ -88,19 +88,29 @@ pub fn run(a: Args) -> Result<()> {
     a.device.apply(&mut cfg.model);
     cfg.validate()
         .map_err(|e| knowrl_rl::config::ConfigError(format!("{} with the flags: {e}", a.config.display())))?;
-    let ranks = knowrl_dist::Rendezvous::from_env()?;
-    if ranks.as_ref().is_some_and(|r| r.world_size > 1) && cfg.model.device == "auto" {
+    let ranks = knowrl_dist::Rendezvous::from_env()?.filter(|r| r.world_size > 1);
+    if let Some(r) = &ranks {
         // Decided before the rendezvous, which picks NCCL for CUDA runs.
-        cfg.model.device = if tch::Cuda::is_available() { "cuda" } else { "cpu" }.into();
+        if cfg.model.device == "auto" {
+            cfg.model.device = if tch::Cuda::is_available() { "cuda" } else { "cpu" }.into();
+        }
+        let own = format!("cuda:{}", r.local_rank);
+        anyhow::ensure!(
+            !cfg.model.device.starts_with("cuda:") || cfg.model.device == own,
+            "model.device = {:?} under data parallel: each rank uses its own GPU; write \"cuda\" (rank {} is on {own})",
+            cfg.model.device,
+            r.rank
+        );
     }
     let group = knowrl_run::join_ranks(&cfg, std::time::Duration::from_secs(a.dist_timeout))?;
-    if let Some(g) = &group {
+    if let (Some(g), Some(r)) = (&group, &ranks) {
+        let backend = if cfg.model.device.starts_with("cuda") { "NCCL" } else { "gloo" };
         if g.rank() == 0 {
-            eprintln!("data parallel: {} ranks over gloo", g.size());
+            eprintln!("data parallel: {} ranks over {backend}", g.size());
         }
         // One GPU per local rank: `cuda` means this rank's.
         if cfg.model.device == "cuda" {
-            cfg.model.device = format!("cuda:{}", ranks.as_ref().map_or(0, |r| r.local_rank));
+            cfg.model.device = format!("cuda:{}", r.local_rank);
         }
     }
     let policy = load(&cfg)?;
@@ -147,23 +157,30 @@ fn launch(n: usize) -> Result<()> {
             args.push(arg);
         }
     }
-    let mut ranks: Vec<std::process::Child> = (0..n)
-        .map(|rank| {
-            std::process::Command::new(&exe)
-                .args(&args)
-                .env("RANK", rank.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .spawn()
-        })
-        .collect::<Result<_, _>>()?;
+    let mut ranks = Ranks(vec![]);
+    for rank in 0..n {
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(&args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string());
+        // A rank dies with the launcher (killed by a scheduler, Ctrl-C), never trains on alone.
+        // SAFETY: prctl is async-signal-safe and touches only the child being started.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        ranks.0.push(cmd.spawn()?);
+    }
     let mut status: Vec<Option<std::process::ExitStatus>> = vec![None; n];
     let mut failed: Option<(usize, std::time::Instant)> = None;
     while status.iter().any(Option::is_none) {
-        for (rank, child) in ranks.iter_mut().enumerate() {
+        for (rank, child) in ranks.0.iter_mut().enumerate() {
             if status[rank].is_none() {
                 if let Some(s) = child.try_wait()? {
                     status[rank] = Some(s);
@@ -173,22 +190,35 @@ fn launch(n: usize) -> Result<()> {
                 }
             }
         }
-        if let Some((_, at)) = failed {
-            if at.elapsed() > std::time::Duration::from_secs(30) {
-                for (rank, child) in ranks.iter_mut().enumerate() {
-                    if status[rank].is_none() {
-                        let _ = child.kill();
-                    }
-                }
-            }
+        if failed.is_some_and(|(_, at)| at.elapsed() > std::time::Duration::from_secs(30)) {
+            break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     match failed {
         Some((rank, _)) => {
-            let s = status[rank].expect("exited");
-            anyhow::bail!("rank {rank} of {n} failed ({s}); the run stopped")
+            let all: Vec<String> = status
+                .iter()
+                .enumerate()
+                .map(|(r, s)| format!("rank {r}: {}", s.map_or("stopped".into(), |s| s.to_string())))
+                .collect();
+            anyhow::bail!("rank {rank} of {n} failed first; the run stopped ({})", all.join(", "))
         }
         None => Ok(()),
+    }
+}
+
+/// The launched ranks; any still running when the launcher returns (an error, a straggler
+/// after another rank failed) are killed.
+struct Ranks(Vec<std::process::Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
     }
 }

@@ -241,7 +241,7 @@ impl ProcessGroup {
                 self.all_reduce_sum(&mut part[0])?;
                 continue;
             }
-            let mut flat = Tensor::cat(&part.iter().map(|t| t.view(-1)).collect::<Vec<_>>(), 0);
+            let mut flat = Tensor::cat(&part.iter().map(|t| t.reshape(-1)).collect::<Vec<_>>(), 0);
             self.all_reduce_sum(&mut flat)?;
             let mut at = 0;
             for t in part.iter_mut() {
@@ -256,7 +256,7 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        // SAFETY: created by knowrl_gloo_new, freed once.
+        // SAFETY: created by knowrl_group_new, freed once.
         unsafe { ffi::knowrl_group_free(self.raw.as_ptr()) }
     }
 }
@@ -343,15 +343,18 @@ mod tests {
                 let g = ProcessGroup::gloo(&r, Duration::from_secs(60)).unwrap();
                 let mut v = [rank as f64 + 1.0, 10.0];
                 g.all_reduce_f64(&mut v).unwrap();
-                // Three tensors in two buckets, one of them a non-contiguous view's copy target.
+                // Four tensors in three buckets; the transposed one is not contiguous (and goes
+                // alone, as a gradient with a parameter's strides can).
                 let mut ts = vec![
                     Tensor::from_slice(&[rank as f32; 3]),
                     Tensor::from_slice(&[1.0f32, 2.0]).view([2, 1]),
                     Tensor::from_slice(&[rank as f64]),
+                    Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0]).view([2, 2]).tr(),
                 ];
+                assert!(!ts[3].is_contiguous());
                 g.all_reduce_buckets(&mut ts, 16).unwrap();
                 let got: Vec<Vec<f64>> =
-                    ts.iter().map(|t| Vec::try_from(t.to_kind(Kind::Double).view(-1)).unwrap()).collect();
+                    ts.iter().map(|t| Vec::try_from(t.to_kind(Kind::Double).reshape(-1)).unwrap()).collect();
                 let bytes = g.all_gather_bytes(&vec![b'a' + rank as u8; rank + 1]).unwrap();
                 let mut b = Tensor::from_slice(&[rank as i64 * 7]);
                 g.broadcast(&mut b, 1).unwrap();
@@ -362,7 +365,7 @@ mod tests {
         let (a, b) = (rank(0), rank(1));
         for (v, got, bytes, root) in [a.join().unwrap(), b.join().unwrap()] {
             assert_eq!(v, [3.0, 20.0]);
-            assert_eq!(got, vec![vec![1.0; 3], vec![2.0, 4.0], vec![1.0]]);
+            assert_eq!(got, vec![vec![1.0; 3], vec![2.0, 4.0], vec![1.0], vec![2.0, 6.0, 4.0, 8.0]]);
             assert_eq!(bytes, vec![b"a".to_vec(), b"bb".to_vec()]);
             assert_eq!(root, 7);
         }

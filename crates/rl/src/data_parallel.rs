@@ -56,6 +56,33 @@ pub fn all_reduce_grads(group: Option<&ProcessGroup>, params: &[(String, Tensor)
     Ok((waited, t0.elapsed().as_secs_f64()))
 }
 
+/// One mini-batch's policy-gradient figures for the batch: the loss is a sum over rows divided
+/// by the batch's normaliser, so the ranks' parts add up; the per-token means are weighted by
+/// each rank's scored tokens (a rank whose rows all carried no gradient scored none).
+pub fn merge_pg_stats(group: Option<&ProcessGroup>, st: &mut crate::update::PgStats) -> Result<()> {
+    if group.is_none() {
+        return Ok(());
+    }
+    let t = st.scored_tokens;
+    let mut v = [st.loss, st.kl * t, st.entropy * t, st.clip_frac * t, st.ppo_kl * t, t];
+    sum(group, &mut v)?;
+    let w = v[5].max(1.0);
+    (st.loss, st.kl, st.entropy, st.clip_frac, st.ppo_kl, st.scored_tokens) =
+        (v[0], v[1] / w, v[2] / w, v[3] / w, v[4] / w, v[5]);
+    Ok(())
+}
+
+/// Fails unless every rank holds the same `value` (naming `what` and the ranks' values).
+pub fn same_on_all_ranks(group: Option<&ProcessGroup>, value: u64, what: &str) -> Result<()> {
+    let all = counts(group, value as usize)?;
+    if all.iter().any(|v| *v != all[0]) {
+        return Err(knowrl_engine::EngineError::Invalid(format!(
+            "data parallel: {what} differs between ranks ({all:?}); every rank must see the same run directory"
+        )));
+    }
+    Ok(())
+}
+
 /// Figures that add up over ranks (counts and FLOPs); every other figure is the ranks' mean
 /// (each rank holds the same number of questions, so a mean over rows is exact).
 const ADDITIVE: [&str; 4] = ["skipped_rows", "gemm_flops", "rollout_gemm_flops", "kept_rows"];
@@ -91,7 +118,8 @@ pub fn merge_metrics(group: Option<&ProcessGroup>, m: StepMetrics) -> Result<Ste
         step_s: mean(&|r| r.step_s),
         extra: Default::default(),
     };
-    for key in m.extra.keys() {
+    let keys: std::collections::BTreeSet<&String> = rows.iter().flat_map(|r| r.extra.keys()).collect();
+    for key in keys {
         let v: Vec<f64> = rows.iter().filter_map(|r| r.extra.get(key).copied()).collect();
         let total: f64 = v.iter().sum();
         out.extra.insert(key.clone(), if ADDITIVE.contains(&key.as_str()) { total } else { total / v.len() as f64 });

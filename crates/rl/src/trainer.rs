@@ -87,6 +87,8 @@ pub fn train_with_eval(
                 method.restore(env, MethodState { tensors, json: state["method"].clone() })?;
             }
             start = step;
+            // Every rank must resume from the same step (a checkpoint directory all ranks see).
+            data_parallel::same_on_all_ranks(group, start, "the resumed step")?;
             // Drop rows of steps after the checkpoint: they will be run again. metrics.jsonl
             // rows carry the 0-based step index; eval.jsonl rows the steps completed.
             if lead {
@@ -324,10 +326,7 @@ pub fn update_policy(
                 *sums.entry("allreduce_wait_s".into()).or_default() += wait_s;
                 *sums.entry("allreduce_s".into()).or_default() += reduce_s;
             }
-            // The loss is a sum over rows / the batch's normaliser: the ranks' parts add up.
-            let mut loss = [b.pg.loss];
-            data_parallel::sum(group, &mut loss)?;
-            b.pg.loss = loss[0];
+            data_parallel::merge_pg_stats(group, &mut b.pg)?;
             *sums.entry("score_s".into()).or_default() += b.pg.score_s;
             *sums.entry("backward_s".into()).or_default() += b.pg.backward_s;
             *sums.entry("skipped_rows".into()).or_default() += b.pg.skipped_rows as f64 / alg.ppo_epochs as f64;

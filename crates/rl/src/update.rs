@@ -88,6 +88,8 @@ pub struct PgStats {
     pub backward_s: f64,
     /// Rows not scored because they carry no gradient (`skip_zero_advantage`).
     pub skipped_rows: usize,
+    /// Tokens the means above are over (a data-parallel rank's weight when they are merged).
+    pub scored_tokens: f64,
 }
 
 fn requests<'a>(rows: &[&'a PgRow]) -> Vec<ScoreRequest<'a>> {
@@ -150,7 +152,8 @@ pub fn pg_backward(
     let gspo = alg.name == Algorithm::Gspo;
     let agg = if gspo { Aggregation::SeqMeanTokenMean } else { alg.aggregation };
     let mut st = PgStats { skipped_rows: with_response.len() - rows.len(), ..PgStats::default() };
-    let counted: f64 = rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>().max(1.0);
+    st.scored_tokens = rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
+    let counted = st.scored_tokens.max(1.0);
     for mb in rows.chunks(micro_batch.max(1)) {
         let reqs = requests(mb);
         let t0 = std::time::Instant::now();
