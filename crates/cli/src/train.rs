@@ -143,7 +143,7 @@ pub fn run(a: Args) -> Result<()> {
 /// failure (they normally exit with it on their own, at their next collective).
 fn launch(n: usize) -> Result<()> {
     anyhow::ensure!(n >= 1, "--nproc: at least 1 rank");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = knowrl_dist::free_port()?;
     let exe = std::env::current_exe()?;
     let mut args: Vec<String> = vec![];
     let mut skip = false;

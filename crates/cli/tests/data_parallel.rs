@@ -139,7 +139,7 @@ fn rank(cfg: &Path, rank: usize, port: u16, log: &Path) -> std::process::Child {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    knowrl_dist::free_port().unwrap()
 }
 
 fn wait(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {

@@ -283,6 +283,12 @@ pub fn buckets(tensors: &[Tensor], bucket_bytes: usize) -> Vec<std::ops::Range<u
     out
 }
 
+/// A loopback port nothing listens on now (the OS picks it; released before rank 0 binds it):
+/// the MASTER_PORT of a local run.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
 /// DDP's default bucket (`bucket_cap_mb = 25`).
 pub const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
 
@@ -323,9 +329,8 @@ mod tests {
         assert!(buckets(&[], 10).is_empty());
     }
 
-    /// A port nothing listens on now (the OS picks it; released before rank 0 binds it).
     fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        super::free_port().unwrap()
     }
 
     #[test]

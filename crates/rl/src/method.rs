@@ -117,7 +117,14 @@ pub struct Shard<'a> {
 impl<'a> Shard<'a> {
     /// One process holding the whole batch of `tasks` questions.
     pub fn whole(tasks: usize) -> Shard<'a> {
-        Shard { group: None, first_task: 0, local_tasks: tasks, tasks }
+        Self::of(None, tasks)
+    }
+
+    /// This rank's share of a batch of `tasks` questions (`tasks` divides by the ranks).
+    pub fn of(group: Option<&'a ProcessGroup>, tasks: usize) -> Shard<'a> {
+        let (rank, ranks) = group.map_or((0, 1), |g| (g.rank(), g.size()));
+        let local = tasks / ranks;
+        Shard { group, first_task: rank * local, local_tasks: local, tasks }
     }
 
     /// The batch's row index of local row `j` of a block of `n` rows that starts at local row

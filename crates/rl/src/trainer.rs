@@ -114,9 +114,8 @@ pub fn train_with_eval(
         let (t0, flops0) = (Instant::now(), knowrl_engine::flops::total());
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
         // This rank's contiguous share of the questions (all of them in one process).
-        let local = picks.len() / ranks;
-        let shard = Shard { group, first_task: rank * local, local_tasks: local, tasks: picks.len() };
-        let picks = &picks[shard.first_task..shard.first_task + local];
+        let shard = Shard::of(group, picks.len());
+        let picks = &picks[shard.first_task..shard.first_task + shard.local_tasks];
         let ctx = step_ctx(env, tok, cfg, step, shard);
         let mut out = method.step(&ctx, picks)?;
         let diagnostics = method.diagnose(&ctx, &out)?;
@@ -286,9 +285,9 @@ pub fn update_policy(
     }
     let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
     let local_norm = own_norm.unwrap_or_else(|| Normaliser::of(&pg));
-    let mut batch = [local_norm.tokens, local_norm.sequences, tokens(&pg)];
-    data_parallel::sum(group, &mut batch)?;
-    let [norm_tokens, norm_sequences, all_tokens] = batch;
+    let mut totals = [local_norm.tokens, local_norm.sequences, tokens(&pg)];
+    data_parallel::sum(group, &mut totals)?;
+    let [norm_tokens, norm_sequences, all_tokens] = totals;
     let counts = data_parallel::counts(group, pg.len())?;
     let rank = group.map_or(0, |g| g.rank());
     let (offset, n, n_all) = (counts[..rank].iter().sum::<usize>(), pg.len(), counts.iter().sum::<usize>());
