@@ -8,7 +8,7 @@
 //! token-mean, observation tokens masked.
 use crate::agent::Trajectory;
 use crate::grpo::policy_rows;
-use crate::method::{correct, rollout_metrics, row_seed, Method, MethodSpec, StepCtx, StepOutput};
+use crate::method::{correct, rollout_metrics, row_seed, Method, MethodSpec, Shard, StepCtx, StepOutput};
 use crate::sections::RolloutSection;
 use crate::task::Task;
 use crate::update::{mask_len, DpoPair, LossTerm, Sequence};
@@ -148,11 +148,6 @@ impl AkbeConfig {
 }
 
 impl MethodSpec for AkbeConfig {
-    fn data_parallel(&self) -> Result<(), String> {
-        // Its CE / DPO targets are chosen per question but normalised over the batch, and its
-        // offline signals roll out one question at a time: neither is sharded yet.
-        Err("AKBE does not run data-parallel yet (its CE/DPO term is not sharded); run it in one process".into())
-    }
     fn build(&self) -> Box<dyn Method> {
         Box::new(Akbe { cfg: self.clone(), offline: OfflineSignals::default() })
     }
@@ -348,10 +343,11 @@ fn step(
     let rewards = ctx.rewards(&wt, tasks, &wt_group);
     let (pg, kept_groups) = policy_rows(ctx, &wt_prompts, &wt, &rewards, &wt_group);
 
-    // Categories and targets (lines 5-16).
-    let mut rng = Rng::new(row_seed(ctx.seed ^ 0xA4BE, ctx.step, 0));
+    // Categories and targets (lines 5-16). The random tie-break draws from the question's own
+    // generator (its index in the step's batch), whatever rank holds it.
     let mut signals = vec![];
     for (q, task) in tasks.iter().enumerate() {
+        let mut rng = Rng::new(row_seed(ctx.seed ^ 0xA4BE, ctx.step, ctx.shard.first_task + q));
         let rows = |g: &[usize]| -> Vec<usize> { (0..g.len()).filter(|&j| g[j] == q).collect() };
         let (wi, ni) = (rows(&wt_group), rows(&nt_group));
         let s = match cfg.signals {
@@ -416,7 +412,8 @@ fn offline_signal(
     // Seeded by the question, not the step: the signal is the same whenever it is first built
     // (so a resumed run rebuilds it identically).
     let seed = task.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let frozen_ctx = StepCtx { step: seed, ..*ctx };
+    // Rows numbered within the question (not the rank's batch), so any rank builds the same.
+    let frozen_ctx = StepCtx { step: seed, shard: Shard::whole(1), ..*ctx };
     let wt = frozen_ctx.rollout_with(frozen, &vec![wt_prompt.to_vec(); cfg.n_wt], true, 0)?;
     let budget = cfg.no_tool_budget(ctx.rollout);
     let nt = frozen_ctx.rollout_once(frozen, &vec![nt_prompt.to_vec(); cfg.n_nt], cfg.n_wt, budget)?;

@@ -108,9 +108,13 @@ impl Default for BridgeConfig {
 
 impl MethodSpec for BridgeConfig {
     fn data_parallel(&self) -> Result<(), String> {
-        // The query LoRA's own AdamW would need its gradients all-reduced too.
-        Err("BRIDGE does not run data-parallel yet (its query-LoRA update is not all-reduced); run it in one process"
-            .into())
+        if self.fidelity_every > 0 {
+            // Its three gradients would be this rank's, not the batch's.
+            return Err("field `method.fidelity_every`: the estimator-fidelity diagnostic runs in one process only; \
+                        set it to 0 to train BRIDGE data-parallel"
+                .into());
+        }
+        Ok(())
     }
     fn build(&self) -> Box<dyn Method> {
         Box::new(Bridge { cfg: self.clone(), adapter: QueryAdapter::default() })
@@ -323,6 +327,9 @@ fn log_turns(
 
 /// ρ under the current adapter values (no gradient), for the policy-side RAG terms.
 fn rho(dense: &DenseRetriever, turns: &[LoggedTurn], tau_r: f64) -> knowrl_engine::Result<Vec<Vec<f64>>> {
+    if turns.is_empty() {
+        return Ok(vec![]);
+    }
     let q: Vec<String> = turns.iter().map(|t| t.query.clone()).collect();
     let rows: Vec<Vec<usize>> = turns.iter().map(|t| t.rows.clone()).collect();
     let s = tch::no_grad(|| dense.scores_of(&q, &rows, Mode::EVAL)).map_err(ret_err)?;
@@ -419,19 +426,36 @@ fn step(
     metrics.extra.insert("retrieval_turns".into(), turns.len() as f64);
     let zero_adv = turns.iter().filter(|t| t.advantage == 0.0).count() as f64;
     metrics.extra.insert("zero_advantage_turns".into(), zero_adv);
+    // The batch's turns (over ranks, when data parallel): the retriever's losses are means
+    // over them, so each rank's part weighs its own turns by their share.
+    let mut all_turns = [turns.len() as f64];
+    ctx.shard.sum(&mut all_turns)?;
+    let [all_turns] = all_turns;
+    let part = |logged: &[LoggedTurn], weights| -> knowrl_engine::Result<Option<(Tensor, f64, f64)>> {
+        if logged.is_empty() {
+            return Ok(None);
+        }
+        let (loss, j, rag) = retriever_loss(dense, logged, cfg, weights)?;
+        let share = logged.len() as f64 / all_turns;
+        Ok(Some((loss * share, j * share, rag * share)))
+    };
 
     // Lower level first (the retriever adapts before the policy learns on it).
-    if update_retriever && !turns.is_empty() {
+    if update_retriever && all_turns > 0.0 {
         let base = reset_peak();
         let t0 = Instant::now();
+        let group = ctx.shard.group;
         // Two-state: also one step of the RAG-only retriever η* on its own logs (its own values
-        // and moments).
+        // and moments; as many turns as η's, the same trajectories).
         if two_state {
-            adapter
-                .step_second(dense, cfg.retriever_lr, || Ok(retriever_loss(dense, &turns_star, cfg, (0.0, 1.0))?.0))?;
+            adapter.step_second(dense, cfg.retriever_lr, group, || Ok(part(&turns_star, (0.0, 1.0))?.map(|p| p.0)))?;
         }
-        let (loss, j, rag) = retriever_loss(dense, &turns, cfg, cfg.retriever_weights())?;
-        adapter.step(dense, cfg.retriever_lr, || Ok(loss.shallow_clone()))?;
+        let local = part(&turns, cfg.retriever_weights())?;
+        let loss = local.as_ref().map(|p| p.0.shallow_clone());
+        adapter.step(dense, cfg.retriever_lr, group, || Ok(loss.as_ref().map(Tensor::shallow_clone)))?;
+        let mut j_rag = local.map_or([0.0, 0.0], |p| [p.1, p.2]);
+        ctx.shard.sum(&mut j_rag)?;
+        let [j, rag] = j_rag;
         metrics.extra.insert("retriever_update_s".into(), t0.elapsed().as_secs_f64());
         if let (Some(b), Some(peak)) = (base, vm("VmHWM")) {
             metrics.extra.insert("retriever_update_peak_bytes".into(), peak.saturating_sub(b) as f64);
@@ -449,10 +473,11 @@ fn step(
     let (pg, kept) = policy_rows(ctx, &prompts, &trajs, &rewards, &group);
     metrics.kept_groups = kept;
     // Upper level: B7 (BRIDGE) / B8 (Drop) / B9 (two-state).
+    // Pushed even where this rank logged no turn: every rank returns the same terms.
     let mut rag = vec![];
-    if !turns.is_empty() && cfg.estimator != Estimator::Bridge {
+    if all_turns > 0.0 && cfg.estimator != Estimator::Bridge {
         rag.push(LossTerm::Rag { turns: rag_turns(&turns, rho(dense, &turns, cfg.tau_r)?), coef: cfg.gamma });
-        if two_state && !turns_star.is_empty() {
+        if two_state {
             if let Some(r) = adapter.with_second(dense, || rho(dense, &turns_star, cfg.tau_r)) {
                 rag.push(LossTerm::Rag { turns: rag_turns(&turns_star, r?), coef: -cfg.gamma });
             }

@@ -3,8 +3,10 @@
 //! row for the step. With no group every function is the one-process identity, so the trainer
 //! has one code path.
 use crate::method::{dist_error, StepMetrics};
+use crate::update::LossTerm;
 use knowrl_dist::{ProcessGroup, DEFAULT_BUCKET_BYTES};
 use knowrl_engine::Result;
+use std::collections::BTreeMap;
 use tch::Tensor;
 
 /// In place: each value summed over ranks.
@@ -56,6 +58,39 @@ pub fn all_reduce_grads(group: Option<&ProcessGroup>, params: &[(String, Tensor)
     Ok((waited, t0.elapsed().as_secs_f64()))
 }
 
+/// This rank's share of part `i` of `m` of an auxiliary term (a CE, DPO or RAG term: a mean
+/// over its items), whose ranks hold `counts[r]` items each, the batch's items in rank order:
+/// the items one process would give the part, cut to this rank's, their mean taken over the
+/// part's size on all ranks (so the ranks' gradients and losses sum to the part's, computed in
+/// the same arithmetic). Returns it and that size; with one rank it is `term.part(i, m)`.
+pub fn aux_part(term: &LossTerm, counts: &[usize], rank: usize, i: usize, m: usize) -> (LossTerm, usize) {
+    let n: usize = counts.iter().sum();
+    let (first, mine) = (counts[..rank].iter().sum::<usize>(), counts[rank]);
+    let (lo, hi) = (i * n / m, (i + 1) * n / m);
+    let (a, b) = (lo.clamp(first, first + mine), hi.clamp(first, first + mine));
+    let local = term.range(a - first, b - first);
+    let part = if counts.len() == 1 { local } else { LossTerm::Share { term: Box::new(local), mean_over: hi - lo } };
+    (part, hi - lo)
+}
+
+/// In place: the auxiliary terms' losses (`names`, each this rank's sum over the batch's mean)
+/// summed over ranks; a rank whose share was empty reports 0.
+pub fn merge_term_stats(
+    group: Option<&ProcessGroup>,
+    stats: &mut BTreeMap<String, f64>,
+    names: &[String],
+) -> Result<()> {
+    if group.is_none() {
+        return Ok(());
+    }
+    let mut v: Vec<f64> = names.iter().map(|k| stats.get(k).copied().unwrap_or(0.0)).collect();
+    sum(group, &mut v)?;
+    for (k, x) in names.iter().zip(v) {
+        stats.insert(k.clone(), x);
+    }
+    Ok(())
+}
+
 /// One mini-batch's policy-gradient figures for the batch: the loss is a sum over rows divided
 /// by the batch's normaliser, so the ranks' parts add up; the per-token means are weighted by
 /// each rank's scored tokens (a rank whose rows all carried no gradient scored none).
@@ -83,9 +118,22 @@ pub fn same_on_all_ranks(group: Option<&ProcessGroup>, value: u64, what: &str) -
     Ok(())
 }
 
-/// Figures that add up over ranks (counts and FLOPs); every other figure is the ranks' mean
-/// (each rank holds the same number of questions, so a mean over rows is exact).
-const ADDITIVE: [&str; 4] = ["skipped_rows", "gemm_flops", "rollout_gemm_flops", "kept_rows"];
+/// Figures that add up over ranks (counts and FLOPs: these names, and AKBE's `cat_*`
+/// category counts); every other figure is the ranks' mean (each rank holds the same number of
+/// questions, so a mean over rows is exact).
+const ADDITIVE: [&str; 7] = [
+    "skipped_rows",
+    "gemm_flops",
+    "rollout_gemm_flops",
+    "kept_rows",
+    "targets",
+    "retrieval_turns",
+    "zero_advantage_turns",
+];
+
+fn additive(key: &str) -> bool {
+    ADDITIVE.contains(&key) || key.starts_with("cat_")
+}
 
 /// One metrics row for the step from every rank's.
 pub fn merge_metrics(group: Option<&ProcessGroup>, m: StepMetrics) -> Result<StepMetrics> {
@@ -122,7 +170,7 @@ pub fn merge_metrics(group: Option<&ProcessGroup>, m: StepMetrics) -> Result<Ste
     for key in keys {
         let v: Vec<f64> = rows.iter().filter_map(|r| r.extra.get(key).copied()).collect();
         let total: f64 = v.iter().sum();
-        out.extra.insert(key.clone(), if ADDITIVE.contains(&key.as_str()) { total } else { total / v.len() as f64 });
+        out.extra.insert(key.clone(), if additive(key) { total } else { total / v.len() as f64 });
     }
     Ok(out)
 }
@@ -130,4 +178,49 @@ pub fn merge_metrics(group: Option<&ProcessGroup>, m: StepMetrics) -> Result<Ste
 /// Returns once every rank is here (after rank 0 wrote a checkpoint the others may read).
 pub fn barrier(group: Option<&ProcessGroup>) -> Result<()> {
     group.map_or(Ok(()), |g| g.barrier().map_err(dist_error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::update::{term_names, Sequence};
+
+    fn ce(n: usize) -> LossTerm {
+        let row = |i: u32| Sequence { prompt: vec![i], response: vec![i], loss_mask: vec![true] };
+        LossTerm::Ce { rows: (0..n as u32).map(row).collect(), coef: 0.5 }
+    }
+
+    /// Items 0..5 of the batch, ranks holding [3, 2]; 2 parts: one process takes 0..2 and
+    /// 2..5. Rank 0 holds 0,1 of part 0 and 2 of part 1; rank 1 holds 3,4 of part 1.
+    #[test]
+    fn an_auxiliary_part_is_the_one_process_part_cut_to_the_ranks_items() {
+        let first = |t: &LossTerm| match t {
+            LossTerm::Share { term, mean_over } => match &**term {
+                LossTerm::Ce { rows, coef } => {
+                    (rows.iter().map(|r| r.prompt[0]).collect::<Vec<_>>(), *coef, *mean_over)
+                }
+                _ => unreachable!(),
+            },
+            _ => panic!("a rank's part is a share"),
+        };
+        let (t0, t1) = (ce(3), ce(2));
+        let (p, n) = aux_part(&t0, &[3, 2], 0, 0, 2);
+        assert_eq!((first(&p), n), ((vec![0, 1], 0.5, 2), 2));
+        let (p, n) = aux_part(&t0, &[3, 2], 0, 1, 2);
+        assert_eq!((first(&p), n), ((vec![2], 0.5, 3), 3));
+        let (p, _) = aux_part(&t1, &[3, 2], 1, 0, 2);
+        assert_eq!(first(&p), (vec![], 0.5, 2));
+        let (p, _) = aux_part(&t1, &[3, 2], 1, 1, 2);
+        assert_eq!(first(&p), (vec![0, 1], 0.5, 3));
+        // One process: the term's own part, unwrapped.
+        assert_eq!(aux_part(&ce(5), &[5], 0, 1, 2).0, ce(5).part(1, 2));
+    }
+
+    #[test]
+    fn shares_keep_their_terms_names_and_rag_numbering() {
+        let rag = || LossTerm::Rag { turns: vec![], coef: 1.0 };
+        let share = |t| LossTerm::Share { term: Box::new(t), mean_over: 4 };
+        let terms = [LossTerm::Pg { rows: vec![], normaliser: None }, share(rag()), share(rag()), share(ce(1))];
+        assert_eq!(term_names(&terms), ["pg", "policy_l_rag_0", "policy_l_rag_1", "ce_nll"]);
+    }
 }

@@ -37,7 +37,7 @@ pub trait MethodSpec {
     fn query_lora(&self) -> Option<LoraConfig> {
         None
     }
-    /// Whether the method's step runs as one rank of several (`Err`: why not yet).
+    /// Whether the method's step runs as one rank of several (`Err`: why not, naming the field).
     fn data_parallel(&self) -> Result<(), String> {
         Ok(())
     }
@@ -141,6 +141,11 @@ impl<'a> Shard<'a> {
             "rows are blocks of questions × copies"
         );
         first_row * self.tasks / l + self.first_task * (n / l) + j
+    }
+
+    /// In place: each value summed over the ranks (one process: unchanged).
+    pub fn sum(&self, v: &mut [f64]) -> knowrl_engine::Result<()> {
+        self.group.map_or(Ok(()), |g| g.all_reduce_f64(v).map_err(dist_error))
     }
 
     /// Every rank's `local` items in rank order, i.e. the batch's (one process: `local`).

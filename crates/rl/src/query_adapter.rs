@@ -3,7 +3,9 @@
 //! values and moments). Everything here is checkpointed ([`QueryAdapter::state`]) so a BRIDGE run
 //! resumes bit-identically.
 use crate::method::MethodState;
+use knowrl_dist::ProcessGroup;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
+use knowrl_engine::Result;
 use knowrl_retrieval::dense::DenseRetriever;
 use std::collections::HashMap;
 use tch::Tensor;
@@ -41,11 +43,18 @@ fn adam(params: &[(String, Tensor)]) -> AdamW {
 }
 
 /// One Adam step of the adapter on `loss` (zeroing its gradients first, clipping at norm 1).
-fn adapter_step(opt: &mut AdamW, loss: &Tensor, lr: f64) {
+/// As one rank of `group`, `loss` is this rank's part of the batch's (None: it holds no
+/// retrieval turn) and the gradients are summed over ranks first, so every rank's adapter
+/// takes the same step.
+fn adapter_step(opt: &mut AdamW, loss: Option<&Tensor>, lr: f64, group: Option<&ProcessGroup>) -> Result<()> {
     opt.zero_grad();
-    loss.backward();
+    if let Some(l) = loss {
+        l.backward();
+    }
+    crate::data_parallel::all_reduce_grads(group, opt.params())?;
     opt.clip_grad_norm(1.0);
     opt.step(lr);
+    Ok(())
 }
 
 fn bytes(t: &Tensor) -> f64 {
@@ -53,17 +62,18 @@ fn bytes(t: &Tensor) -> f64 {
 }
 
 impl QueryAdapter {
-    /// One step of η on `loss(dense)` (built under the current adapter values).
+    /// One step of η on `loss(dense)` (built under the current adapter values; this rank's
+    /// part of it as one rank of `group`, None when it holds none).
     pub fn step(
         &mut self,
         dense: &DenseRetriever,
         lr: f64,
-        loss: impl Fn() -> knowrl_engine::Result<Tensor>,
-    ) -> knowrl_engine::Result<()> {
+        group: Option<&ProcessGroup>,
+        loss: impl Fn() -> Result<Option<Tensor>>,
+    ) -> Result<()> {
         let params = parameters(dense);
         let opt = self.opt.get_or_insert_with(|| adam(&params));
-        adapter_step(opt, &loss()?, lr);
-        Ok(())
+        adapter_step(opt, loss()?.as_ref(), lr, group)
     }
 
     /// One step of the second state η* on `loss` evaluated under η*'s values (η is left as it
@@ -72,19 +82,19 @@ impl QueryAdapter {
         &mut self,
         dense: &DenseRetriever,
         lr: f64,
-        loss: impl Fn() -> knowrl_engine::Result<Tensor>,
-    ) -> knowrl_engine::Result<()> {
+        group: Option<&ProcessGroup>,
+        loss: impl Fn() -> Result<Option<Tensor>>,
+    ) -> Result<()> {
         let params = parameters(dense);
         let current = values(&params);
         let (second, opt) = self.second.get_or_insert_with(|| (values(&params), adam(&params)));
         set_values(&params, second);
-        let l = loss();
-        if let Ok(l) = &l {
-            adapter_step(opt, l, lr);
+        let stepped = loss().and_then(|l| adapter_step(opt, l.as_ref(), lr, group));
+        if stepped.is_ok() {
             *second = values(&params);
         }
         set_values(&params, &current);
-        l.map(|_| ())
+        stepped
     }
 
     /// `f` evaluated with η*'s values in the adapter (None before η*'s first step).
@@ -132,7 +142,7 @@ impl QueryAdapter {
     }
 
     /// Restores [`QueryAdapter::state`] into `dense`'s adapter and fresh optimisers.
-    pub fn restore(dense: &DenseRetriever, s: MethodState) -> knowrl_engine::Result<QueryAdapter> {
+    pub fn restore(dense: &DenseRetriever, s: MethodState) -> Result<QueryAdapter> {
         let params = parameters(dense);
         let mut t = s.tensors;
         set_values(&params, &take(&mut t, &params, "adapter")?);
@@ -154,11 +164,7 @@ impl QueryAdapter {
 }
 
 /// The `<prefix>.<name>` tensor of every adapter parameter.
-fn take(
-    t: &mut HashMap<String, Tensor>,
-    params: &[(String, Tensor)],
-    prefix: &str,
-) -> knowrl_engine::Result<Vec<Tensor>> {
+fn take(t: &mut HashMap<String, Tensor>, params: &[(String, Tensor)], prefix: &str) -> Result<Vec<Tensor>> {
     params
         .iter()
         .map(|(n, _)| {

@@ -17,7 +17,7 @@ use crate::config::TrainConfig;
 use crate::data_parallel;
 use crate::method::{row_seed, MethodState, Shard, StepCtx, StepMetrics, StepOutput, TrainEnv};
 use crate::task::Task;
-use crate::update::{backward, mask_len, score_old, LossTerm, Normaliser, PgRow, PgStats};
+use crate::update::{backward, mask_len, score_old, term_names, LossTerm, Normaliser, PgRow, PgStats};
 use knowrl_engine::checkpoint;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
 use knowrl_engine::{Policy, Rng};
@@ -265,8 +265,10 @@ pub struct UpdateStats {
 /// As one rank of `group` (`None`: one process), this rank's rows are rows `offset..offset + n`
 /// of the batch's (ranks in order, each a contiguous piece: `Method` lays rows out question by
 /// question). The normaliser, the mini-batch dealing and each mini-batch's token share are the
-/// batch's; each rank back-propagates its rows of a mini-batch and the gradients are summed
-/// before the clip, so all ranks take the step one process would. Only a collective can fail.
+/// batch's; an auxiliary term's part is the one process's part cut to this rank's items, its
+/// mean over the part's size on all ranks (`data_parallel::aux_part`). Each rank back-propagates its
+/// rows of a mini-batch and the gradients are summed before the clip, so all ranks take the
+/// step one process would. Only a collective can fail.
 pub fn update_policy(
     group: Option<&knowrl_dist::ProcessGroup>,
     policy: &Policy,
@@ -280,9 +282,15 @@ pub fn update_policy(
     // The policy-gradient term's rows are dealt into mini-batches; every other term is cut into
     // as many contiguous parts.
     let (mut pg, own_norm, aux) = split_terms(std::mem::take(&mut out.terms));
-    if group.is_some() && !aux.is_empty() {
-        return Err(knowrl_engine::EngineError::Invalid("data parallel: auxiliary loss terms are not sharded".into()));
+    // Each auxiliary term's items on every rank (the batch's, in rank order); a term empty on
+    // every rank is dropped, as one process drops it.
+    data_parallel::same_on_all_ranks(group, aux.len() as u64, "the number of auxiliary loss terms")?;
+    let mut aux_counts = vec![];
+    for t in &aux {
+        aux_counts.push(data_parallel::counts(group, t.len())?);
     }
+    let (aux, aux_counts): (Vec<LossTerm>, Vec<Vec<usize>>) =
+        aux.into_iter().zip(aux_counts).filter(|(_, c)| c.iter().sum::<usize>() > 0).unzip();
     let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
     let local_norm = own_norm.unwrap_or_else(|| Normaliser::of(&pg));
     let mut totals = [local_norm.tokens, local_norm.sequences, tokens(&pg)];
@@ -317,9 +325,15 @@ pub fn update_policy(
                 sequences: norm_sequences * batch.len() as f64 / n_all.max(1) as f64,
             });
             let mut terms = vec![LossTerm::Pg { rows, normaliser }];
-            terms.extend(aux.iter().map(|t| t.part(i, per_epoch)));
+            let mut aux_items = 0;
+            for (t, c) in aux.iter().zip(&aux_counts) {
+                let (part, items) = data_parallel::aux_part(t, c, rank, i, per_epoch);
+                terms.push(part);
+                aux_items += items;
+            }
             opt.zero_grad();
             let mut b = backward(policy, reference, &terms, alg, temp, mb);
+            data_parallel::merge_term_stats(group, &mut b.terms, &term_names(&terms)[1..])?;
             let (wait_s, reduce_s) = data_parallel::all_reduce_grads(group, opt.params())?;
             if group.is_some() {
                 *sums.entry("allreduce_wait_s".into()).or_default() += wait_s;
@@ -332,7 +346,8 @@ pub fn update_policy(
             for (k, v) in b.terms {
                 *sums.entry(k).or_default() += v / updates as f64;
             }
-            let any = !batch.is_empty() || terms[1..].iter().any(|t| !t.is_empty());
+            // Whether the mini-batch holds anything on any rank (the same answer on every rank).
+            let any = !batch.is_empty() || aux_items > 0;
             let grad_norm = if any { opt.clip_grad_norm(cfg.optim.max_grad_norm) } else { 0.0 };
             if any {
                 opt.step(cfg.optim.lr);
@@ -358,7 +373,7 @@ pub fn update_policy(
 }
 
 /// A step's policy-gradient rows (at most one such term), the normaliser the method set for
-/// them, and the other terms, empty ones dropped.
+/// them, and the other terms.
 fn split_terms(terms: Vec<LossTerm>) -> (Vec<PgRow>, Option<Normaliser>, Vec<LossTerm>) {
     let (mut rows, mut norm, mut aux) = (vec![], None, vec![]);
     for t in terms {
@@ -368,8 +383,7 @@ fn split_terms(terms: Vec<LossTerm>) -> (Vec<PgRow>, Option<Normaliser>, Vec<Los
                 rows = r;
                 norm = normaliser;
             }
-            t if !t.is_empty() => aux.push(t),
-            _ => {}
+            t => aux.push(t),
         }
     }
     (rows, norm, aux)

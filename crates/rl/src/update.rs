@@ -210,13 +210,14 @@ pub fn sequence_nll(policy: &Policy, rows: &[&Sequence], mode: Mode) -> Tensor {
     -logp / n.clamp_min(1.0)
 }
 
-/// Accumulates ∇ of coef × mean over rows of the per-sequence token-mean NLL; returns that
-/// mean NLL (before the coefficient).
-pub fn ce_backward(policy: &Policy, rows: &[Sequence], coef: f64, micro_batch: usize) -> f64 {
+/// Accumulates ∇ of coef × the per-sequence token-mean NLL summed over rows and divided by
+/// `mean_over` (the rows' count, or a data-parallel part's over all ranks); returns that mean
+/// NLL (before the coefficient).
+pub fn ce_backward(policy: &Policy, rows: &[Sequence], coef: f64, mean_over: usize, micro_batch: usize) -> f64 {
     if rows.is_empty() || coef == 0.0 {
         return 0.0;
     }
-    let n = rows.len() as f64;
+    let n = mean_over as f64;
     let mut total = 0.0;
     let refs: Vec<&Sequence> = rows.iter().collect();
     for mb in refs.chunks(micro_batch.max(1)) {
@@ -235,19 +236,19 @@ fn sequence_logp(policy: &Policy, rows: &[&Sequence], mode: Mode) -> (Tensor, Te
 }
 
 /// DPO (Rafailov et al. 2023): −log σ(β[(log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l))]),
-/// mean over pairs × coef. Returns the mean loss.
+/// summed over pairs, divided by `mean_over` (as [`ce_backward`]), × coef. Returns that mean loss.
 pub fn dpo_backward(
     policy: &Policy,
     reference: Option<&Policy>,
     pairs: &[DpoPair],
-    beta: f64,
-    coef: f64,
+    (beta, coef): (f64, f64),
+    mean_over: usize,
     micro_batch: usize,
 ) -> f64 {
     if pairs.is_empty() || coef == 0.0 {
         return 0.0;
     }
-    let n = pairs.len() as f64;
+    let n = mean_over as f64;
     let mut total = 0.0;
     for mb in pairs.chunks(micro_batch.max(1)) {
         let w: Vec<&Sequence> = mb.iter().map(|p| &p.chosen).collect();
@@ -274,13 +275,13 @@ pub struct RagTurn {
 }
 
 /// Accumulates ∇_θ of coef × L_RAG(θ) with L_RAG = −mean_t log Σ_d ρ_d p_θ(y | h_t, d)
-/// (Lewis et al. 2020's marginal likelihood; BRIDGE's Drop and two-state estimators).
-/// Returns L_RAG.
-pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, micro_batch: usize) -> f64 {
+/// (Lewis et al. 2020's marginal likelihood; BRIDGE's Drop and two-state estimators), the mean
+/// over `mean_over` turns (as [`ce_backward`]). Returns L_RAG.
+pub fn rag_backward(policy: &Policy, turns: &[RagTurn], coef: f64, mean_over: usize, micro_batch: usize) -> f64 {
     if turns.is_empty() || coef == 0.0 {
         return 0.0;
     }
-    let n = turns.len() as f64;
+    let n = mean_over as f64;
     let k = turns[0].docs.len().max(1);
     let per = (micro_batch.max(1) / k).max(1);
     let mut total = 0.0;
@@ -310,6 +311,9 @@ pub enum LossTerm {
     Dpo { pairs: Vec<DpoPair>, beta: f64, coef: f64 },
     /// coef × the policy-side RAG likelihood (BRIDGE's Drop / two-state estimators).
     Rag { turns: Vec<RagTurn>, coef: f64 },
+    /// A data-parallel rank's items of an auxiliary term whose mean runs over `mean_over` items
+    /// on all ranks (its part of the batch's term, as one process would take it).
+    Share { term: Box<LossTerm>, mean_over: usize },
 }
 
 impl LossTerm {
@@ -320,6 +324,7 @@ impl LossTerm {
             LossTerm::Ce { rows, .. } => rows.len(),
             LossTerm::Dpo { pairs, .. } => pairs.len(),
             LossTerm::Rag { turns, .. } => turns.len(),
+            LossTerm::Share { term, .. } => term.len(),
         }
     }
 
@@ -330,16 +335,45 @@ impl LossTerm {
     /// The i-th of m near-equal contiguous parts of an auxiliary term (a PPO mini-batch's
     /// share); policy-gradient rows are dealt by the trainer instead.
     pub fn part(&self, i: usize, m: usize) -> LossTerm {
-        fn cut<T: Clone>(v: &[T], i: usize, m: usize) -> Vec<T> {
-            v[i * v.len() / m..(i + 1) * v.len() / m].to_vec()
-        }
+        let n = self.len();
+        self.range(i * n / m, (i + 1) * n / m)
+    }
+
+    /// Items `lo..hi` of the term.
+    pub fn range(&self, lo: usize, hi: usize) -> LossTerm {
         match self {
-            LossTerm::Pg { rows, normaliser } => LossTerm::Pg { rows: cut(rows, i, m), normaliser: *normaliser },
-            LossTerm::Ce { rows, coef } => LossTerm::Ce { rows: cut(rows, i, m), coef: *coef },
-            LossTerm::Dpo { pairs, beta, coef } => LossTerm::Dpo { pairs: cut(pairs, i, m), beta: *beta, coef: *coef },
-            LossTerm::Rag { turns, coef } => LossTerm::Rag { turns: cut(turns, i, m), coef: *coef },
+            LossTerm::Pg { rows, normaliser } => LossTerm::Pg { rows: rows[lo..hi].to_vec(), normaliser: *normaliser },
+            LossTerm::Ce { rows, coef } => LossTerm::Ce { rows: rows[lo..hi].to_vec(), coef: *coef },
+            LossTerm::Dpo { pairs, beta, coef } => {
+                LossTerm::Dpo { pairs: pairs[lo..hi].to_vec(), beta: *beta, coef: *coef }
+            }
+            LossTerm::Rag { turns, coef } => LossTerm::Rag { turns: turns[lo..hi].to_vec(), coef: *coef },
+            LossTerm::Share { .. } => panic!("a rank's share is not cut further"),
         }
     }
+}
+
+/// The name [`backward`] reports each term's loss under, in term order (`pg` for the
+/// policy-gradient term, whose figures are [`PgStats`]).
+pub fn term_names(terms: &[LossTerm]) -> Vec<String> {
+    let mut rag = 0;
+    let mut name = |t: &LossTerm| match t {
+        LossTerm::Pg { .. } => "pg".to_string(),
+        LossTerm::Ce { .. } => "ce_nll".into(),
+        LossTerm::Dpo { .. } => "dpo_loss".into(),
+        LossTerm::Rag { .. } => {
+            rag += 1;
+            format!("policy_l_rag_{}", rag - 1)
+        }
+        LossTerm::Share { .. } => unreachable!("unwrapped below"),
+    };
+    terms
+        .iter()
+        .map(|t| match t {
+            LossTerm::Share { term, .. } => name(term),
+            t => name(t),
+        })
+        .collect()
 }
 
 /// What one [`backward`] did: the policy-gradient figures and each auxiliary term's loss
@@ -361,25 +395,25 @@ pub fn backward(
     micro_batch: usize,
 ) -> BackwardStats {
     let mut st = BackwardStats::default();
-    let mut rag = 0;
-    for term in terms {
-        match term {
+    for (term, name) in terms.iter().zip(term_names(terms)) {
+        let (term, mean_over) = match term {
+            LossTerm::Share { term, mean_over } => (&**term, *mean_over),
+            t => (t, t.len()),
+        };
+        let loss = match term {
             LossTerm::Pg { rows, normaliser } => {
                 let norm = normaliser.unwrap_or_else(|| Normaliser::of(rows));
                 st.pg = pg_backward(policy, reference, rows, norm, alg, temperature, micro_batch);
+                continue;
             }
-            LossTerm::Ce { rows, coef } => {
-                st.terms.insert("ce_nll".into(), ce_backward(policy, rows, *coef, micro_batch));
-            }
+            LossTerm::Ce { rows, coef } => ce_backward(policy, rows, *coef, mean_over, micro_batch),
             LossTerm::Dpo { pairs, beta, coef } => {
-                let l = dpo_backward(policy, reference, pairs, *beta, *coef, micro_batch);
-                st.terms.insert("dpo_loss".into(), l);
+                dpo_backward(policy, reference, pairs, (*beta, *coef), mean_over, micro_batch)
             }
-            LossTerm::Rag { turns, coef } => {
-                st.terms.insert(format!("policy_l_rag_{rag}"), rag_backward(policy, turns, *coef, micro_batch));
-                rag += 1;
-            }
-        }
+            LossTerm::Rag { turns, coef } => rag_backward(policy, turns, *coef, mean_over, micro_batch),
+            LossTerm::Share { .. } => panic!("a share of a share"),
+        };
+        st.terms.insert(name, loss);
     }
     st
 }

@@ -104,7 +104,7 @@ fn ce_value_is_masked_per_sequence_token_mean_and_scales_with_lambda() {
         for (_, p) in &params {
             p.shallow_clone().zero_grad();
         }
-        let v = ce_backward(&policy, &rows, coef, 1);
+        let v = ce_backward(&policy, &rows, coef, rows.len(), 1);
         let g: Vec<tch::Tensor> = params.iter().map(|(_, p)| p.grad().copy()).collect();
         (v, g)
     };
@@ -197,7 +197,7 @@ fn dpo_loss_by_hand() {
         chosen: Sequence { prompt: prompt.clone(), response: w.clone(), loss_mask: vec![true; w.len()] },
         rejected: Sequence { prompt: prompt.clone(), response: l.clone(), loss_mask: l_mask.clone() },
     };
-    let same = knowrl_rl::update::dpo_backward(&policy, None, std::slice::from_ref(&pair), 0.1, 1.0, 4);
+    let same = knowrl_rl::update::dpo_backward(&policy, None, std::slice::from_ref(&pair), (0.1, 1.0), 1, 4);
     // f32 sequence log-probs of the policy and of its adapters-off self, scored through the
     // training and the no-grad paths: ~1e-5 apart on some CPUs (AMD EPYC, AVX-512), as below.
     assert!((same - std::f64::consts::LN_2).abs() < 1e-5, "{same}");
@@ -216,7 +216,7 @@ fn dpo_loss_by_hand() {
     let margin = (logp(&policy, &w, &vec![true; w.len()]) - logp(&reference, &w, &vec![true; w.len()]))
         - (logp(&policy, &l, &l_mask) - logp(&reference, &l, &l_mask));
     let want = -(1.0 / (1.0 + (-0.1 * margin).exp())).ln();
-    let got = knowrl_rl::update::dpo_backward(&policy, Some(&reference), &[pair], 0.1, 1.0, 4);
+    let got = knowrl_rl::update::dpo_backward(&policy, Some(&reference), &[pair], (0.1, 1.0), 1, 4);
     println!("margin {margin:.4}: DPO loss {got:.6}, by hand {want:.6}");
     assert!(margin.abs() > 0.1, "the perturbed reference differs ({margin})");
     assert!((got - want).abs() < 1e-5, "{got} vs {want}");
