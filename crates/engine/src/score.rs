@@ -2,7 +2,8 @@
 //!
 //! Prompt and response are passed separately, so the same response can be scored under a
 //! different prompt (Knowledgeable-R1 scores query-only rollouts under the context prompt).
-//! Only response positions go through the LM head, which keeps the [N, V] logits small.
+//! Only response positions that count (loss mask true) go through the LM head, which keeps the
+//! [N, V] logits small.
 use crate::kernels::target_logprobs::target_logprobs;
 use crate::layers::Mode;
 use crate::models::llama::{DecoderLm, Packing};
@@ -202,13 +203,22 @@ fn response_scores_in(
     let b = reqs.len() as i64;
     let r_max = reqs.iter().map(|q| q.response.len()).max().unwrap_or(0).max(1) as i64;
     let (mut dst, mut target_ids, mut keep) = (vec![], vec![], vec![0f32; (b * r_max) as usize]);
+    // Masked tokens (observations, BRIDGE's documents) skip the LM head: their log-prob and
+    // entropy are 0, and the mask drops them from every loss. `kept`: the rows of `h` that count.
+    let (mut kept, mut row) = (vec![], 0i64);
     for (i, q) in reqs.iter().enumerate() {
         for (t, &tok) in q.response.iter().enumerate() {
-            dst.push(i as i64 * r_max + t as i64);
-            target_ids.push(tok as i64);
-            keep[(i as i64 * r_max) as usize + t] = q.loss_mask.map_or(1.0, |m| m[t] as u8 as f32);
+            let counts = q.loss_mask.is_none_or(|m| m[t]);
+            keep[(i as i64 * r_max) as usize + t] = f32::from(u8::from(counts));
+            if counts {
+                kept.push(row);
+                dst.push(i as i64 * r_max + t as i64);
+                target_ids.push(tok as i64);
+            }
+            row += 1;
         }
     }
+    let h = if (kept.len() as i64) < row { h.index_select(0, &Tensor::from_slice(&kept).to_device(dev)) } else { h };
     let dst = Tensor::from_slice(&dst).to_device(dev);
     let targets = Tensor::from_slice(&target_ids).to_device(dev).unsqueeze(1);
     // The [N, vocab] log-softmax runs `chunk` rows at a time. Whole, it is one 300+ MB tensor
@@ -300,6 +310,31 @@ mod tests {
         assert!(whole.1.allclose(&chunked.1, 1e-12, 1e-12, false));
         assert!(whole.2.allclose(&chunked.2, 1e-12, 1e-12, false));
         assert!(whole.2.abs().sum(Kind::Double).double_value(&[]) > 0.0);
+    }
+
+    /// Masked tokens skip the head: kept tokens score as with no mask (values and ∂/∂h), masked
+    /// ones are 0 with no gradient.
+    #[test]
+    fn masked_tokens_skip_the_head_and_kept_ones_score_as_unmasked() {
+        let p = tiny_tied_lm(50, Kind::Double, 3);
+        let (r1, r2, m2, all) = (vec![4u32, 5, 6, 7, 8], vec![9u32, 10, 11], vec![true, false, true], vec![true; 3]);
+        let run = |m: &[bool]| {
+            let reqs = two_requests(&r1, &r2, m);
+            let h = Tensor::arange(128, (Kind::Double, tch::Device::Cpu)).view([8, 16]).sin().set_requires_grad(true);
+            let s = response_scores_in(&p.lm, h.shallow_clone(), &reqs, 0.7, 512, true);
+            (&s.logprobs * &s.mask).sum(Kind::Double).backward();
+            (s.logprobs.detach(), s.entropy, h.grad(), s.mask)
+        };
+        let (masked, full) = (run(&m2), run(&all));
+        let keep = &masked.3;
+        assert!((&masked.0 - &full.0 * keep).abs().max().double_value(&[]) < 1e-12);
+        assert!((&masked.1 - &full.1 * keep).abs().max().double_value(&[]) < 1e-12);
+        // h row 6 predicts row 2's masked token: no gradient there, the others' as unmasked.
+        let rows = |g: &Tensor, r: &[i64]| g.index_select(0, &Tensor::from_slice(r));
+        assert!(rows(&masked.2, &[6]).abs().max().double_value(&[]) == 0.0);
+        let others = [0i64, 1, 2, 3, 4, 5, 7];
+        assert!((rows(&masked.2, &others) - rows(&full.2, &others)).abs().max().double_value(&[]) < 1e-12);
+        assert!(full.0.get(1).get(1).double_value(&[]) < 0.0, "the masked token has a log-prob when it counts");
     }
 
     /// The one-pass float32 head (crate::kernels::target_logprobs) gives libtorch's log-probs, entropies

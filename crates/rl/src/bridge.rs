@@ -189,7 +189,8 @@ pub struct LoggedTurn {
     pub log_py: Vec<f64>,
     /// The GRPO advantage of the trajectory the turn belongs to.
     pub advantage: f64,
-    /// Teacher-forcing rows (h_t + ⟨information⟩d, y) per candidate, for the policy-side RAG term.
+    /// Teacher-forcing rows per candidate: prompt h_t, response ⟨information⟩d ‖ y with only y's
+    /// tokens in the loss mask (the policy-side RAG term and B2).
     pub docs: Vec<Sequence>,
 }
 
@@ -294,9 +295,14 @@ fn log_turns(
                     &[Hit { id: p.id, contents: p.contents, score: 0.0 }],
                     ctx.rollout.observation_format,
                 );
-                let mut prompt = h.clone();
-                prompt.extend(ctx.tok.encode(&block, false)?);
-                Ok(Sequence { prompt, response: answer.clone(), loss_mask: vec![true; answer.len()] })
+                // The history is the prompt and d the masked head of the response, so the k
+                // candidates of a turn share one prompt, which scoring runs once
+                // (`score_shared`); only y's tokens count.
+                let mut response = ctx.tok.encode(&block, false)?;
+                let mut loss_mask = vec![false; response.len()];
+                response.extend(&answer);
+                loss_mask.resize(response.len(), true);
+                Ok(Sequence { prompt: h.clone(), response, loss_mask })
             })
             .collect::<knowrl_engine::Result<_>>()?;
         let k = rows[ti].len();
@@ -313,7 +319,7 @@ fn log_turns(
     let all: Vec<&Sequence> = out.iter().flat_map(|t| t.docs.iter()).collect();
     let mut lp = vec![];
     for mb in all.chunks(ctx.micro_batch.max(1) * 4) {
-        let reqs: Vec<ScoreRequest> = mb.iter().map(|r| r.request(false)).collect();
+        let reqs: Vec<ScoreRequest> = mb.iter().map(|r| r.request(true)).collect();
         let s = tch::no_grad(|| score(&ctx.policy.lm, &reqs, 1.0, Mode::EVAL));
         let v: Vec<f32> = Vec::try_from((s.logprobs * s.mask).sum_dim_intlist(1, false, Kind::Float)).unwrap();
         lp.extend(v.into_iter().map(|x| x as f64));

@@ -229,3 +229,39 @@ fn a_world_step_with_each_estimator_updates_the_adapter_and_logs_turns() {
         }
     }
 }
+
+/// B2's rows put the history in the prompt and ⟨information⟩d in the response's masked head, so
+/// a turn's candidates share one prompt (scored once). log p(y | h, d) is the same as with
+/// h ‖ d as the prompt: per candidate, with three candidates sharing h in one batch.
+#[test]
+fn candidate_rows_with_a_shared_history_score_the_answer_as_concatenated_rows() {
+    use knowrl_engine::score::{score, ScoreRequest};
+    tch::set_num_threads(1);
+    let policy = common::policy();
+    let tok = policy.tokenizer().unwrap();
+    let h = tok.encode("Who founded Vobilford? <search> Vobilford </search>", false).unwrap();
+    let y = tok.encode("<answer> Zolis Zoboneth </answer>", false).unwrap();
+    let docs: Vec<Vec<u32>> = ["Vobilford was founded by Zolis Zoboneth.", "Kelmora is a river.", "Nothing here."]
+        .iter()
+        .map(|d| tok.encode(&format!("<information>Doc 1: {d}</information>"), false).unwrap())
+        .collect();
+    let logp = |reqs: &[ScoreRequest]| -> Vec<f64> {
+        let s = tch::no_grad(|| score(&policy.lm, reqs, 1.0, Mode::EVAL));
+        Vec::try_from((s.logprobs * s.mask).sum_dim_intlist(1, false, Kind::Double)).unwrap()
+    };
+    let joined: Vec<Vec<u32>> = docs.iter().map(|d| [h.clone(), d.clone()].concat()).collect();
+    let want =
+        logp(&joined.iter().map(|p| ScoreRequest { prompt: p, response: &y, loss_mask: None }).collect::<Vec<_>>());
+    let (resp, masks): (Vec<Vec<u32>>, Vec<Vec<bool>>) = docs
+        .iter()
+        .map(|d| ([d.clone(), y.clone()].concat(), [vec![false; d.len()], vec![true; y.len()]].concat()))
+        .unzip();
+    let shared: Vec<ScoreRequest> =
+        resp.iter().zip(&masks).map(|(r, m)| ScoreRequest { prompt: &h, response: r, loss_mask: Some(m) }).collect();
+    let got = logp(&shared);
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-4 * w.abs().max(1.0), "{got:?} vs {want:?}");
+    }
+    println!("log p(y | h, d): {want:?}");
+    assert!(want[0] > want[2], "the document with the answer makes it likelier: {want:?}");
+}

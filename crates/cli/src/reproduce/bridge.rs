@@ -33,8 +33,9 @@ fn mean_extra(m: &[StepMetrics], key: &str) -> f64 {
     }
 }
 
-/// Seconds per BRIDGE step on 2 cores (policy step plus a retriever update), for the first estimate.
-const BRIDGE_STEP_S: f64 = 60.0;
+/// Seconds per BRIDGE step on 2 cores (policy step plus a retriever update; AMD EPYC, world v2,
+/// measured 187), for the first estimate.
+const BRIDGE_STEP_S: f64 = 190.0;
 
 pub fn run(a: Args) -> Result<()> {
     use knowrl_rl::bridge::{Estimator, Pipeline};
