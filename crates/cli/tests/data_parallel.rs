@@ -86,13 +86,18 @@ fn train(cfg: &Path, extra: &[&str]) -> Output {
     out
 }
 
-fn params(run: &Path, step: u64) -> HashMap<String, Vec<f32>> {
-    let file = run.join(format!("checkpoints/step-{step:08}/params.safetensors"));
+/// One file of a checkpoint's tensors, flattened to f32.
+fn checkpoint_file(run: &Path, step: u64, file: &str) -> HashMap<String, Vec<f32>> {
+    let file = run.join(format!("checkpoints/step-{step:08}/{file}"));
     tch::Tensor::read_safetensors(&file)
         .unwrap()
         .into_iter()
         .map(|(n, t)| (n, Vec::<f32>::try_from(t.to_kind(tch::Kind::Float).view(-1)).unwrap()))
         .collect()
+}
+
+fn params(run: &Path, step: u64) -> HashMap<String, Vec<f32>> {
+    checkpoint_file(run, step, "params.safetensors")
 }
 
 fn max_diff(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f32 {
@@ -118,14 +123,9 @@ fn extra(run: &Path, key: &str) -> Vec<f64> {
         .collect()
 }
 
-/// A method's state in a checkpoint (BRIDGE's query LoRA and its moments), as parameters are.
+/// A method's state in a checkpoint (BRIDGE's query LoRA and its moments).
 fn method_state(run: &Path, step: u64) -> HashMap<String, Vec<f32>> {
-    let file = run.join(format!("checkpoints/step-{step:08}/method.safetensors"));
-    tch::Tensor::read_safetensors(&file)
-        .unwrap()
-        .into_iter()
-        .map(|(n, t)| (n, Vec::<f32>::try_from(t.to_kind(tch::Kind::Float).view(-1)).unwrap()))
-        .collect()
+    checkpoint_file(run, step, "method.safetensors")
 }
 
 /// Step figures that agree: within 1e-6 (relative) at step 0, from the same weights, where only
