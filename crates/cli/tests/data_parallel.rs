@@ -20,12 +20,28 @@ fn base(name: &str) -> PathBuf {
     dir
 }
 
-/// The tiny world's GRPO config (4 questions × 4 samples, AKBE's format-aware EM so that the
-/// tiny policy's groups do not all tie; mini-batches of 6 of the 16 rows, so two of them
-/// straddle the ranks), or Knowledgeable-R1's on S1/S2 items (2 questions, 12 rows, mini-batches
-/// of 4); written beside `out`.
+/// The tiny world's config for `method`, written beside `out`. Every arm's PPO mini-batches
+/// straddle the ranks:
+/// - GRPO: 4 questions × 4 samples, AKBE's format-aware EM so that the tiny policy's groups do
+///   not all tie, mini-batches of 6 of the 16 rows;
+/// - Knowledgeable-R1 on S1/S2 items: 2 questions, 12 rows, mini-batches of 4;
+/// - AKBE (online CE; DPO on offline signals, a frozen reference): 8 questions, 16 with-tool rows
+///   a rank in 2 mini-batches, so a CE/DPO part holds several ranks' targets;
+/// - BRIDGE (Drop: the query LoRA and one RAG term; two-state: η and η*; two-state with the
+///   fidelity diagnostic, refused): one mini-batch, so its RAG part holds both ranks' turns.
 fn config(out: &Path, method: &str, steps: u64) -> PathBuf {
-    let mut c = match method {
+    let akbe = |extra: &str| {
+        let method = format!("[method]\nname = \"akbe\"\nn_wt = 4\nn_nt = 4\nlambda = 0.5\n{extra}");
+        let mut c = common::config(out, steps, &method);
+        (c.rollout.prompts_per_step, c.algorithm.ppo_mini_batch) = (8, 16);
+        c
+    };
+    let bridge = |extra: &str| {
+        let mut c = common::config(out, steps, &format!("[method]\nname = \"bridge\"\nk = 4\n{extra}"));
+        c.algorithm.ppo_mini_batch = 0;
+        c
+    };
+    let c = match method {
         "grpo" => {
             let mut c = common::config(out, steps, "");
             (c.rollout.prompts_per_step, c.rollout.group_size, c.algorithm.ppo_mini_batch) = (4, 4, 6);
@@ -36,39 +52,16 @@ fn config(out: &Path, method: &str, steps: u64) -> PathBuf {
             let mut c = common::config(out, steps, "[method]\nname = \"knowledgeable_r1\"\nn_pk = 2\nn_ck = 2\n");
             c.data.suite = knowrl_rl::config::Suite::Context;
             c.data.scenarios = vec!["S1".into(), "S2".into()];
+            c.algorithm.ppo_mini_batch = 4;
             c
         }
-        // Online CE targets, and the DPO variant on offline signals (a frozen reference).
-        "akbe" => common::config(out, steps, "[method]\nname = \"akbe\"\nn_wt = 4\nn_nt = 4\nlambda = 0.5\n"),
-        "akbe_dpo" => common::config(
-            out,
-            steps,
-            "[method]\nname = \"akbe\"\nn_wt = 4\nn_nt = 4\nlambda = 0.5\nobjective = \"dpo\"\nsignals = \"offline\"\n",
-        ),
-        // The Drop estimator: the query LoRA steps on every rank's turns, and the policy has a
-        // RAG term besides its GRPO rows.
-        "bridge" => common::config(out, steps, "[method]\nname = \"bridge\"\nk = 4\nestimator = \"drop\"\n"),
-        // Two-state: η and the RAG-only η* both step on every rank's turns.
-        "bridge_two_state" => {
-            common::config(out, steps, "[method]\nname = \"bridge\"\nk = 4\nestimator = \"two_state\"\n")
-        }
-        "bridge_fidelity" => common::config(
-            out,
-            steps,
-            "[method]\nname = \"bridge\"\nk = 4\nestimator = \"two_state\"\nfidelity_every = 1\n",
-        ),
+        "akbe" => akbe(""),
+        "akbe_dpo" => akbe("objective = \"dpo\"\nsignals = \"offline\"\n"),
+        "bridge" => bridge("estimator = \"drop\"\n"),
+        "bridge_two_state" => bridge("estimator = \"two_state\"\n"),
+        "bridge_fidelity" => bridge("estimator = \"two_state\"\nfidelity_every = 1\n"),
         _ => unreachable!(),
     };
-    if method.starts_with("akbe") {
-        // 8 questions (16 with-tool rows a rank) in 2 mini-batches: CE/DPO parts hold several
-        // ranks' targets.
-        (c.rollout.prompts_per_step, c.algorithm.ppo_mini_batch) = (8, 16);
-    } else if method.starts_with("bridge") {
-        // One mini-batch: its RAG part holds both ranks' turns.
-        c.algorithm.ppo_mini_batch = 0;
-    } else if method != "grpo" {
-        c.algorithm.ppo_mini_batch = 4;
-    }
     let file = out.with_extension("toml");
     std::fs::write(&file, toml::to_string(&c).unwrap()).unwrap();
     file

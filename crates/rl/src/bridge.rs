@@ -457,8 +457,7 @@ fn step(
             adapter.step_second(dense, cfg.retriever_lr, group, || Ok(part(&turns_star, (0.0, 1.0))?.map(|p| p.0)))?;
         }
         let local = part(&turns, cfg.retriever_weights())?;
-        let loss = local.as_ref().map(|p| p.0.shallow_clone());
-        adapter.step(dense, cfg.retriever_lr, group, || Ok(loss.as_ref().map(Tensor::shallow_clone)))?;
+        adapter.step(dense, cfg.retriever_lr, group, || Ok(local.as_ref().map(|p| p.0.shallow_clone())))?;
         let mut j_rag = local.map_or([0.0, 0.0], |p| [p.1, p.2]);
         ctx.shard.sum(&mut j_rag)?;
         let [j, rag] = j_rag;

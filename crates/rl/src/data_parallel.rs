@@ -107,12 +107,12 @@ pub fn merge_pg_stats(group: Option<&ProcessGroup>, st: &mut crate::update::PgSt
     Ok(())
 }
 
-/// Fails unless every rank holds the same `value` (naming `what` and the ranks' values).
-pub fn same_on_all_ranks(group: Option<&ProcessGroup>, value: u64, what: &str) -> Result<()> {
+/// Fails unless every rank holds the same `value` (naming `what`, the ranks' values and `hint`).
+pub fn same_on_all_ranks(group: Option<&ProcessGroup>, value: u64, what: &str, hint: &str) -> Result<()> {
     let all = counts(group, value as usize)?;
     if all.iter().any(|v| *v != all[0]) {
         return Err(knowrl_engine::EngineError::Invalid(format!(
-            "data parallel: {what} differs between ranks ({all:?}); every rank must see the same run directory"
+            "data parallel: {what} differs between ranks ({all:?}); {hint}"
         )));
     }
     Ok(())

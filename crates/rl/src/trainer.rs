@@ -88,7 +88,8 @@ pub fn train_with_eval(
             }
             start = step;
             // Every rank must resume from the same step (a checkpoint directory all ranks see).
-            data_parallel::same_on_all_ranks(group, start, "the resumed step")?;
+            let hint = "every rank must see the same run directory";
+            data_parallel::same_on_all_ranks(group, start, "the resumed step", hint)?;
             // Drop rows of steps after the checkpoint: they will be run again. metrics.jsonl
             // rows carry the 0-based step index; eval.jsonl rows the steps completed.
             if lead {
@@ -284,11 +285,10 @@ pub fn update_policy(
     let (mut pg, own_norm, aux) = split_terms(std::mem::take(&mut out.terms));
     // Each auxiliary term's items on every rank (the batch's, in rank order); a term empty on
     // every rank is dropped, as one process drops it.
-    data_parallel::same_on_all_ranks(group, aux.len() as u64, "the number of auxiliary loss terms")?;
-    let mut aux_counts = vec![];
-    for t in &aux {
-        aux_counts.push(data_parallel::counts(group, t.len())?);
-    }
+    let hint = "a method returns the same terms on every rank";
+    data_parallel::same_on_all_ranks(group, aux.len() as u64, "the number of auxiliary loss terms", hint)?;
+    let aux_counts =
+        aux.iter().map(|t| data_parallel::counts(group, t.len())).collect::<knowrl_engine::Result<Vec<_>>>()?;
     let (aux, aux_counts): (Vec<LossTerm>, Vec<Vec<usize>>) =
         aux.into_iter().zip(aux_counts).filter(|(_, c)| c.iter().sum::<usize>() > 0).unzip();
     let tokens = |rows: &[PgRow]| rows.iter().map(|r| mask_len(&r.seq.loss_mask)).sum::<f64>();
