@@ -167,9 +167,11 @@ fn two_ranks_match_one_process(
         assert!(a.iter().any(|x| x.is_finite()), "{method}: no `{key}` reported");
         assert!(close(&a, &b), "{method} {key}: {a:?} vs {b:?}");
     }
-    // … and the same parameters at the end, up to float order: within 1e-6, or else no further
-    // than twice what one process moves when it scores one row at a time (micro-batches of 1
-    // instead of 4: other GEMM shapes and sums, the same arithmetic), and within `tol`.
+    // … and the same parameters at the end, up to float order: within 1e-6, or else within 1e-5
+    // or twice what one process moves when it scores one row at a time (micro-batches of 1
+    // instead of 4: other GEMM shapes and sums, the same arithmetic), whichever is larger, and
+    // always within `tol`. (Both are rounding, so their ratio varies by machine: BRIDGE's was
+    // 1.3 on one.)
     let d = max_diff(&params(&one, steps), &params(&two, steps));
     println!("{method}: max |Δθ| one process vs 2 ranks after {steps} steps: {d:e}");
     if d > 1e-6 {
@@ -181,7 +183,8 @@ fn two_ranks_match_one_process(
         train(&cfg, &[]);
         let floor = max_diff(&params(&one, steps), &params(&reordered, steps));
         println!("{method}: max |Δθ| one process, micro-batches of 4 vs 1: {floor:e}");
-        assert!(d <= tol && d <= 2.0 * floor, "{method}: parameters differ by {d} (float order alone: {floor})");
+        let bound = tol.min((2.0 * floor).max(1e-5));
+        assert!(d <= bound, "{method}: parameters differ by {d} (float order alone: {floor})");
     }
     if steps > 1 {
         let moved = max_diff(&params(&one, 1), &params(&one, steps));
