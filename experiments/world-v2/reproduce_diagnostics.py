@@ -2,7 +2,7 @@
 Per arm × seed, from its metrics.jsonl: mean reward, token entropy, the share of rows whose
 advantage was zero (`skipped_rows`: groups whose rewards all tie, no gradient), and the method's
 own figures (Knowledgeable-R1: PK / CK path rewards, β; AKBE: category counts), first vs last
-quarter of the steps. Usage: python3 experiments/world-v2/reproduce_diagnostics.py runs/reproduce-knowledgeable-r1
+quarter of the steps; agent runs also their rollouts' tool calls and CE targets per quarter. Usage: python3 experiments/world-v2/reproduce_diagnostics.py runs/reproduce-knowledgeable-r1
 """
 import json
 import pathlib
@@ -35,6 +35,13 @@ def main(root):
         if own:
             line += "  " + " ".join(f"{k} {f(first,k,True):.3f}→{f(last,k,True):.3f}" for k in own)
         print(line)
+        quarters = [rows[i * len(rows) // 4:(i + 1) * len(rows) // 4] for i in range(4)]
+        if "tool_calls" in rows[0] and all(quarters):
+            per = lambda key, extra=False: " ".join(f"{f(p, key, extra):.2f}" for p in quarters)
+            line = f"{'':<34} by quarter: tool calls {per('tool_calls')}"
+            if "cat_tool_dependent" in keys:
+                line += f"  tool-dependent targets {per('cat_tool_dependent', True)}  targets {per('targets', True)}"
+            print(line)
 
 
 if __name__ == "__main__":

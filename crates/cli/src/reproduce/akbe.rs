@@ -61,12 +61,12 @@ pub fn run(a: Args) -> Result<()> {
             a.signals = Signals::Offline;
             a.signals_checkpoint = Some(ckpt);
         }),
-        arm("AKBE, DPO variant (Appendix C)", true, |c| akbe_of(c).objective = knowrl_rl::akbe::Objective::Dpo),
+        arm("AKBE DPO variant (Appendix C)", true, |c| akbe_of(c).objective = knowrl_rl::akbe::Objective::Dpo),
         arm("GRPO + OTC reward", true, move |c| {
             plain(c);
             c.reward.tool_productivity = true;
         }),
-        arm("AKBE, with-tool teacher prompt", true, |c| {
+        arm("AKBE with-tool teacher prompt", true, |c| {
             akbe_of(c).teacher_prompt = knowrl_rl::akbe::TeacherPrompt::WithTool
         }),
     ];
@@ -133,7 +133,6 @@ pub fn run(a: Args) -> Result<()> {
     ];
     let short: Vec<String> = labels.iter().map(|l| l.replace(" + AKBE", "+A").chars().take(14).collect()).collect();
     let svg = bar_svg("AKBE: EM, tool calls, tool productivity", &short, &series);
-    md += "\n![EM, TC, TP](reproduce-akbe.svg)\n";
     let json = json!({
         "tc_ratio_vs_grpo": tc_ratio, "em_delta_vs_grpo": em_delta, "tp_ratio_vs_grpo": tp_ratio,
         "step_time_ratio_vs_grpo": time_ratio, "steps": base.run.steps, "seeds": a.seeds,
@@ -141,5 +140,5 @@ pub fn run(a: Args) -> Result<()> {
         "tables": table, "config": base, "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-akbe.json"));
-    write_outputs(&out, &json, &md, &[("reproduce-akbe.svg".into(), svg)])
+    write_outputs(&out, &json, &md, &[Figure { suffix: "", alt: "EM, TC, TP", svg }])
 }

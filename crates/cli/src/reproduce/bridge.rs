@@ -88,11 +88,11 @@ pub fn run(a: Args) -> Result<()> {
         // Estimator rows measure fidelity, time and memory per retriever update: a few steps each
         // (their policy-side RAG terms teacher-force every candidate of every turn with gradients,
         // ~10x a BRIDGE step), so their EM is not a like-for-like training comparison.
-        arm("BRIDGE, Drop estimator (6 steps)", true, move |c| {
+        arm("BRIDGE Drop estimator (6 steps)", true, move |c| {
             bridge_of(c).estimator = Estimator::Drop;
             c.run.steps = steps.min(6);
         }),
-        arm("BRIDGE, two-state estimator (6 steps)", true, move |c| {
+        arm("BRIDGE two-state estimator (6 steps)", true, move |c| {
             bridge_of(c).estimator = Estimator::TwoState;
             bridge_of(c).fidelity_every = 2;
             c.run.steps = steps.min(6);
@@ -161,7 +161,7 @@ pub fn run(a: Args) -> Result<()> {
     let m = |label: &str, key: &str| t.mean(label, key);
     let gain = m("BRIDGE", "multihop_em") - m("GRPO (fixed retriever)", "multihop_em");
     let recall_gain = m("BRIDGE", "recall") - m("GRPO (fixed retriever)", "recall");
-    let two = "BRIDGE, two-state estimator (6 steps)";
+    let two = "BRIDGE two-state estimator (6 steps)";
     let mem_ratio = m("BRIDGE", "update_state_bytes") / m(two, "update_state_bytes");
     let rss_ratio = m("BRIDGE", "update_peak_bytes") / m(two, "update_peak_bytes");
     let time_ratio = m("BRIDGE", "update_s") / m(two, "update_s");
@@ -186,7 +186,6 @@ pub fn run(a: Args) -> Result<()> {
     ];
     let short: Vec<String> = labels.iter().map(|l| l.chars().take(14).collect()).collect();
     let svg = bar_svg("BRIDGE: multi-hop EM and recall of needed passages", &short, &series);
-    md += "\n![multi-hop EM and recall](reproduce-bridge.svg)\n";
     let json = json!({
         "multihop_em_gain_vs_grpo": gain, "recall_gain_vs_grpo": recall_gain,
         "update_memory_ratio_vs_two_state": mem_ratio, "update_rss_ratio_vs_two_state": rss_ratio, "update_time_ratio_vs_two_state": time_ratio,
@@ -194,5 +193,5 @@ pub fn run(a: Args) -> Result<()> {
         "seconds": t0.elapsed().as_secs_f64(), "tables": table, "config": base, "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-bridge.json"));
-    write_outputs(&out, &json, &md, &[("reproduce-bridge.svg".into(), svg)])
+    write_outputs(&out, &json, &md, &[Figure { suffix: "", alt: "multi-hop EM and recall", svg }])
 }

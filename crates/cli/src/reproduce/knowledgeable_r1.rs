@@ -132,7 +132,6 @@ pub fn run(a: Args) -> Result<()> {
     let series: Vec<(String, Vec<f64>)> =
         rows.iter().map(|(l, _, _)| (l.clone(), scen.iter().map(|s| mean_of(l, s)).collect())).collect();
     let svg = bar_svg("EM by scenario (test split)", &scen.map(String::from), &series);
-    md += "\n![EM by scenario](reproduce-knowledgeable-r1-scenarios.svg)\n";
     let json = json!({
         "s2_gain_vs_grpo": s2_gain, "s1_delta_vs_grpo": s1_delta,
         "steps": base.run.steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds,
@@ -141,5 +140,5 @@ pub fn run(a: Args) -> Result<()> {
         "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-knowledgeable-r1.json"));
-    write_outputs(&out, &json, &md, &[("reproduce-knowledgeable-r1-scenarios.svg".into(), svg)])
+    write_outputs(&out, &json, &md, &[Figure { suffix: "-scenarios", alt: "EM by scenario", svg }])
 }

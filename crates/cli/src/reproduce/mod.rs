@@ -91,7 +91,9 @@ pub(super) struct Arm {
     pub edit: Box<dyn Fn(&mut TrainConfig)>,
 }
 
+/// `label` names the row; it has no comma, since `--arms` is a comma-separated list of labels.
 pub(super) fn arm(label: &'static str, ablation: bool, edit: impl Fn(&mut TrainConfig) + 'static) -> Arm {
+    assert!(!label.contains(','), "arm label {label:?}: --arms splits at commas");
     Arm { label, ablation, edit: Box::new(edit) }
 }
 
@@ -339,8 +341,11 @@ pub fn mean_std(v: &[f64]) -> (f64, f64) {
     (m, s)
 }
 
-/// mean ± std of a cell's per-seed values (the mean alone for one seed, "–" for none).
+/// mean ± std of a cell's per-seed values (the mean alone for one seed, "–" for none). Values
+/// that are not finite count as none (TP = EM / TC of a run that never searched).
 fn cell(v: &[f64], decimals: usize) -> String {
+    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    let v = &v[..];
     match v.len() {
         0 => "–".into(),
         1 => format!("{:.*}", decimals, mean_std(v).0),
@@ -436,21 +441,33 @@ pub(super) fn sample<T: Clone>(v: Vec<T>, limit: usize) -> Vec<T> {
     v
 }
 
-pub(super) fn write_outputs(
-    out: &std::path::Path,
-    json: &Value,
-    markdown: &str,
-    svgs: &[(String, String)],
-) -> Result<()> {
+/// A figure of a report: its file is `<out's stem><suffix>.svg` beside the JSON, so two
+/// reproductions written to different `--out` files never overwrite each other's figures.
+pub(super) struct Figure {
+    pub suffix: &'static str,
+    pub alt: &'static str,
+    pub svg: String,
+}
+
+pub(super) fn figure_name(out: &std::path::Path, suffix: &str) -> String {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    format!("{stem}{suffix}.svg")
+}
+
+/// Writes the JSON, the Markdown report (with a link to each figure appended) and the figures.
+pub(super) fn write_outputs(out: &std::path::Path, json: &Value, markdown: &str, figures: &[Figure]) -> Result<()> {
     if let Some(d) = out.parent() {
         std::fs::create_dir_all(d)?;
     }
     knowrl_engine::fsutil::write_atomic(out, serde_json::to_string_pretty(json)?.as_bytes())?;
+    let mut markdown = markdown.to_string();
+    for f in figures {
+        let name = figure_name(out, f.suffix);
+        markdown += &format!("\n![{}]({name})\n", f.alt);
+        knowrl_engine::fsutil::write_atomic(&out.with_file_name(&name), f.svg.as_bytes())?;
+    }
     let md = out.with_extension("md");
     knowrl_engine::fsutil::write_atomic(&md, markdown.as_bytes())?;
-    for (name, svg) in svgs {
-        knowrl_engine::fsutil::write_atomic(&out.with_file_name(name), svg.as_bytes())?;
-    }
     println!("wrote {} and {}", out.display(), md.display());
     Ok(())
 }
@@ -460,15 +477,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn figures_are_named_after_the_output_so_two_reproductions_keep_their_own() {
+        let default = std::path::Path::new("bench/results/reproduce-knowledgeable-r1.json");
+        let longer = std::path::Path::new("bench/results/reproduce-knowledgeable-r1-48-steps.json");
+        assert_eq!(figure_name(default, "-scenarios"), "reproduce-knowledgeable-r1-scenarios.svg");
+        assert_eq!(figure_name(longer, "-scenarios"), "reproduce-knowledgeable-r1-48-steps-scenarios.svg");
+        assert_eq!(figure_name(std::path::Path::new("x/reproduce-akbe.json"), ""), "reproduce-akbe.svg");
+    }
+
+    #[test]
     fn a_table_renders_markdown_and_json_from_the_same_rows() {
         let mut t = Table::new(vec![col("em", "EM", 100.0, 1), col("tc", "TC", 1.0, 2), hidden("bytes")]);
         t.push("GRPO", vec![vec![0.5, 0.7], vec![2.0], vec![10.0]]);
         t.push("Pretrained", vec![vec![0.25], vec![], vec![]]);
-        // 60.0 ± 14.1 (sample std of 50, 70); one seed: the mean alone; no value: a dash.
+        t.push("Never searches", vec![vec![0.3, 0.4], vec![f64::NAN, 1.0], vec![]]);
+        // 60.0 ± 14.1 (sample std of 50, 70); one seed: the mean alone; no value (or none
+        // finite): a dash.
         assert_eq!(
             t.markdown(),
-            "| method | EM | TC |\n|---|---|---|\n| GRPO | 60.0 ± 14.1 | 2.00 |\n| Pretrained | 25.0 | – |\n"
+            "| method | EM | TC |\n|---|---|---|\n| GRPO | 60.0 ± 14.1 | 2.00 |\n| Pretrained | 25.0 | – |\n| Never searches | 35.0 ± 7.1 | 1.00 |\n"
         );
+        let mut nan = Table::new(vec![col("tp", "TP", 1.0, 1)]);
+        nan.push("No tool call", vec![vec![f64::NAN]]);
+        assert_eq!(nan.markdown(), "| method | TP |\n|---|---|\n| No tool call | – |\n");
         let mut j = serde_json::Map::new();
         t.json_into(&mut j);
         assert_eq!(j["GRPO"], serde_json::json!({"em": [50.0, 70.0], "tc": [2.0], "bytes": [10.0]}));
