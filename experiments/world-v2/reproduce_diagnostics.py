@@ -25,7 +25,6 @@ def main(root):
         def f(part, key, extra=False):
             return mean([(r.get("extra", {}) if extra else r).get(key) for r in part])
 
-        n_rows = lambda r: r.get("extra", {}).get("ppo_rows") or None
         skipped = [r.get("extra", {}).get("skipped_rows") for r in rows]
         line = (f"{run.name:<34} steps {len(rows):>3}  reward {f(first,'reward'):.3f}→{f(last,'reward'):.3f}  "
                 f"entropy {f(first,'entropy'):.3f}→{f(last,'entropy'):.3f}  skipped rows/step {mean(skipped):.1f}  "

@@ -344,9 +344,8 @@ pub fn mean_std(v: &[f64]) -> (f64, f64) {
 /// mean ± std of a cell's per-seed values (the mean alone for one seed, "–" for none). Values
 /// that are not finite count as none (TP = EM / TC of a run that never searched).
 fn cell(v: &[f64], decimals: usize) -> String {
-    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    let v = &v[..];
-    match v.len() {
+    // `mean_std` skips the values that are not finite; count what it keeps.
+    match v.iter().filter(|x| x.is_finite()).count() {
         0 => "–".into(),
         1 => format!("{:.*}", decimals, mean_std(v).0),
         _ => {
