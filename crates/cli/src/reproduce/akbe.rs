@@ -120,9 +120,9 @@ pub fn run(a: Args) -> Result<()> {
     let em_delta = m("GRPO + AKBE", "em") - m("GRPO", "em");
     let tp_ratio = m("GRPO + AKBE", "tp") / m("GRPO", "tp");
     let time_ratio = m("GRPO + AKBE", "step_s") / m("GRPO", "step_s");
+    let (wall, wall_json) = wall_line(&arms_json, t0);
     md += &format!(
-        "\nGRPO + AKBE vs GRPO: **TC × {tc_ratio:.2}** (goal ≤ 0.85), **EM {em_delta:+.1} points** (goal ≥ −0.5), **TP × {tp_ratio:.2}** (goal ≥ 1.15), time per step × {time_ratio:.2}. Total {:.0} s.\n",
-        t0.elapsed().as_secs_f64()
+        "\nGRPO + AKBE vs GRPO: **TC × {tc_ratio:.2}** (goal ≤ 0.85), **EM {em_delta:+.1} points** (goal ≥ −0.5), **TP × {tp_ratio:.2}** (goal ≥ 1.15), time per step × {time_ratio:.2}. {wall}\n"
     );
     println!("{md}");
     let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
@@ -136,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
     let json = json!({
         "tc_ratio_vs_grpo": tc_ratio, "em_delta_vs_grpo": em_delta, "tp_ratio_vs_grpo": tp_ratio,
         "step_time_ratio_vs_grpo": time_ratio, "steps": base.run.steps, "seeds": a.seeds,
-        "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(), "seconds": t0.elapsed().as_secs_f64(),
+        "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(), "seconds": wall_json["seconds"], "sitting_seconds": wall_json["sitting_seconds"],
         "tables": table, "config": base, "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-akbe.json"));

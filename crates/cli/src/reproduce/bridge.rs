@@ -174,9 +174,9 @@ pub fn run(a: Args) -> Result<()> {
         m("BRIDGE", "update_s"), m("BRIDGE", "update_state_bytes") / 1e3, m("BRIDGE", "update_peak_bytes") / 1e6,
         m(two, "update_s"), m(two, "update_state_bytes") / 1e3, m(two, "update_peak_bytes") / 1e6
     );
+    let (wall, wall_json) = wall_line(&arms_json, t0);
     md += &format!(
-        "\nBRIDGE vs GRPO with the fixed retriever: **multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points; retriever update memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}. Total {:.0} s.\n",
-        t0.elapsed().as_secs_f64()
+        "\nBRIDGE vs GRPO with the fixed retriever: **multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points; retriever update memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}. {wall}\n"
     );
     println!("{md}");
     let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
@@ -190,7 +190,7 @@ pub fn run(a: Args) -> Result<()> {
         "multihop_em_gain_vs_grpo": gain, "recall_gain_vs_grpo": recall_gain,
         "update_memory_ratio_vs_two_state": mem_ratio, "update_rss_ratio_vs_two_state": rss_ratio, "update_time_ratio_vs_two_state": time_ratio,
         "steps": steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(),
-        "seconds": t0.elapsed().as_secs_f64(), "tables": table, "config": base, "arms": arms_json,
+        "seconds": wall_json["seconds"], "sitting_seconds": wall_json["sitting_seconds"], "tables": table, "config": base, "arms": arms_json,
     });
     let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-bridge.json"));
     write_outputs(&out, &json, &md, &[Figure { suffix: "", alt: "multi-hop EM and recall", svg }])

@@ -124,9 +124,9 @@ pub fn run(a: Args) -> Result<()> {
     let mean_of = |label: &str, key: &str| scenarios.mean(label, key);
     let s2_gain = mean_of("Knowledgeable-R1", "S2") - mean_of("GRPO w/ RAG", "S2");
     let s1_delta = mean_of("Knowledgeable-R1", "S1") - mean_of("GRPO w/ RAG", "S1");
+    let (wall, wall_json) = wall_line(&arms_json, t0);
     md += &format!(
-        "\nKnowledgeable-R1 − GRPO w/ RAG: **S2 {s2_gain:+.1} points** (goal ≥ +10), **S1 {s1_delta:+.1} points** (goal ≥ −2). Total {:.0} s.\n",
-        t0.elapsed().as_secs_f64()
+        "\nKnowledgeable-R1 − GRPO w/ RAG: **S2 {s2_gain:+.1} points** (goal ≥ +10), **S1 {s1_delta:+.1} points** (goal ≥ −2). {wall}\n"
     );
     println!("{md}");
     let series: Vec<(String, Vec<f64>)> =
@@ -135,7 +135,7 @@ pub fn run(a: Args) -> Result<()> {
     let json = json!({
         "s2_gain_vs_grpo": s2_gain, "s1_delta_vs_grpo": s1_delta,
         "steps": base.run.steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds,
-        "test_items": items.len(), "seconds": t0.elapsed().as_secs_f64(), "tables": table,
+        "test_items": items.len(), "seconds": wall_json["seconds"], "sitting_seconds": wall_json["sitting_seconds"], "tables": table,
         "config": base,
         "arms": arms_json,
     });

@@ -318,6 +318,24 @@ pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
     Ok((rows, Value::Object(details)))
 }
 
+/// The report's closing time line: every run's training and evaluation over all sittings (from
+/// `run_arms`'s per-arm `wall_s`), and this sitting's share, which a re-render alone makes tiny.
+pub(super) fn wall_line(arms_json: &Value, sitting: std::time::Instant) -> (String, Value) {
+    let total: f64 = arms_json
+        .as_object()
+        .into_iter()
+        .flat_map(|m| m.values())
+        .filter_map(|arm| arm["wall_s"].as_array())
+        .flatten()
+        .filter_map(Value::as_f64)
+        .sum();
+    let this = sitting.elapsed().as_secs_f64();
+    (
+        format!("Wall time {total:.0} s over all sittings ({this:.0} s in this one)."),
+        json!({"seconds": total, "sitting_seconds": this}),
+    )
+}
+
 /// The run directory of an arm × seed.
 pub(super) fn run_dir(a: &Args, method: &str, label: &str, seed: u64) -> PathBuf {
     a.runs.join(format!("reproduce-{method}/{}-seed{seed}", slug(label)))
@@ -504,5 +522,17 @@ mod tests {
         assert_eq!(j["GRPO"], serde_json::json!({"em": [50.0, 70.0], "tc": [2.0], "bytes": [10.0]}));
         assert_eq!((t.mean("GRPO", "em"), t.mean("GRPO", "bytes")), (60.0, 10.0));
         assert!(t.mean("GRPO", "nope").is_nan() && t.mean("nobody", "em").is_nan());
+    }
+
+    #[test]
+    fn the_wall_time_sums_every_run_of_every_sitting_not_only_this_one() {
+        let arms = json!({
+            "GRPO": {"seeds": [1, 2], "wall_s": [300.0, 400.25]},
+            "GRPO + AKBE": {"seeds": [1], "wall_s": [500.0]},
+        });
+        let (line, j) = wall_line(&arms, std::time::Instant::now());
+        assert_eq!(j["seconds"], json!(1200.25));
+        assert!(j["sitting_seconds"].as_f64().unwrap() < 1.0);
+        assert_eq!(line, "Wall time 1200 s over all sittings (0 s in this one).");
     }
 }
