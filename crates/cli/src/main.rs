@@ -78,12 +78,16 @@ enum Cmd {
 /// those pages faults: on the 2-core VM that was ~20% of a GRPO step's forward and backward
 /// (sys 24 s of 112 s). The heap then stays at its peak, as PyTorch's caching allocators do;
 /// PyTorch's CPU tuning guide gets the same effect by preloading jemalloc or tcmalloc.
+/// Trimming is off altogether (-1, mallopt(3)): a threshold of `i32::MAX` still gave 2 GB
+/// back whenever the free top of the heap grew past it, which an update of several GB does
+/// every step, and the next step faulted those pages in again (`clear_page_erms`, 14% of an
+/// AKBE step's samples in `perf`).
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any other thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, -1);
     }
 }
 

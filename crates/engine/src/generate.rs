@@ -201,9 +201,33 @@ impl<'a> DecodeSession<'a> {
         let mask = Tensor::from_slice(&mask).view([k as i64, 1, t as i64, keys as i64]).to_device(dev);
         self.lm.reserve_cache(&mut self.cache, b as i64, t as i64);
         let mut front = self.cache.front_rows(k as i64);
-        let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut front), Mode::EVAL));
+        // Real tokens per computed cache row (0 for a row inside the front that takes none).
+        let mut lens = vec![0usize; k];
+        for (r, block) in blocks.iter().enumerate() {
+            if self.slot[r] < k {
+                lens[self.slot[r]] = block.len();
+            }
+        }
+        let padded = lens.iter().any(|&n| n != t);
+        let last = if t > 1 && padded {
+            // A ragged block (observations, prompts of different lengths): the projections and
+            // MLPs run on the real tokens only. Row s's last token is packed row Σ_{<s} lens + lens[s] − 1.
+            let packing = crate::models::llama::Packing::right_aligned(&lens, t, dev);
+            let hidden =
+                tch::no_grad(|| self.lm.forward_cached_packed(&ids, &pos, &mask, &mut front, &packing, Mode::EVAL));
+            let mut ends = Vec::with_capacity(k);
+            let mut end = 0i64;
+            for &n in &lens {
+                end += n as i64;
+                ends.push((end - 1).max(0));
+            }
+            hidden.index_select(0, &Tensor::from_slice(&ends).to_device(dev))
+        } else {
+            let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut front), Mode::EVAL));
+            hidden.select(1, -1)
+        };
         self.cache.len += t as i64;
-        let logits = tch::no_grad(|| self.lm.logits(&hidden.select(1, -1)));
+        let logits = tch::no_grad(|| self.lm.logits(&last));
         let in_place = fed.len() == b && fed.iter().all(|&r| self.slot[r] == r);
         self.last_logits = Some(if in_place {
             logits // every row fed, in cache order: no [B, V] copy

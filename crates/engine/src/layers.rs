@@ -94,7 +94,10 @@ impl Linear {
                 let x = if mode.train && l.dropout > 0.0 { x.dropout(l.dropout, true) } else { x.shallow_clone() };
                 // An f32 adapter on a 16-bit base: its path runs in f32, its output is cast back (PEFT).
                 let x = if x.kind() == l.a.kind() { x } else { x.to_kind(l.a.kind()) };
-                let delta = x.linear::<Tensor>(&l.a, None).linear::<Tensor>(&l.b, None) * l.scale;
+                // The scale goes on the rank-r activations, not on the [N, out] product: a pass
+                // over N·r floats instead of N·out (exactly the same values when the scale is a
+                // power of two, as PEFT's usual α = 2r is).
+                let delta = (x.linear::<Tensor>(&l.a, None) * l.scale).linear::<Tensor>(&l.b, None);
                 let delta = if delta.kind() == y.kind() { delta } else { delta.to_kind(y.kind()) };
                 y + delta
             }

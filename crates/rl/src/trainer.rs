@@ -112,7 +112,8 @@ pub fn train_with_eval(
     }
     let mut all = vec![];
     for step in start..cfg.run.steps {
-        let (t0, flops0) = (Instant::now(), knowrl_engine::flops::total());
+        let (t0, flops0, attention0) =
+            (Instant::now(), knowrl_engine::flops::total(), knowrl_engine::flops::attention());
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
         // This rank's contiguous share of the questions (all of them in one process).
         let shard = Shard::of(group, picks.len());
@@ -128,8 +129,10 @@ pub fn train_with_eval(
         let up = update_policy(group, policy, reference, &mut opt, &mut out, cfg, seed)?;
         let mut extra = out.metrics.extra.clone();
         extra.extend(up.extra.clone());
-        // The step's weight-GEMM FLOPs (generation, scoring, backward): its compute floor.
+        // The step's matmul FLOPs (weight GEMMs and attention products of generation, scoring
+        // and backward): its compute floor. `attention_flops` is the attention's share.
         extra.insert("gemm_flops".into(), knowrl_engine::flops::total() - flops0);
+        extra.insert("attention_flops".into(), knowrl_engine::flops::attention() - attention0);
         extra.insert("rollout_gemm_flops".into(), rollout_flops);
         let metrics = StepMetrics {
             step,
@@ -256,7 +259,8 @@ pub struct UpdateStats {
 }
 
 /// PPO's schedule over one rollout batch (Schulman et al. 2017, Algorithm 1; verl's
-/// `ppo_mini_batch_size` × `ppo_epochs`): π_old is scored once under the rollout weights, then
+/// `ppo_mini_batch_size` × `ppo_epochs`): π_old is scored once under the rollout weights (for
+/// the rows of every mini-batch but a single epoch's first, which scores itself before any step), then
 /// every epoch deals the rows into mini-batches in a random order drawn from `seed`, and each
 /// mini-batch is one backward over its share of every loss term, a clip and an AdamW step.
 /// The advantages stay the batch's; a mini-batch's loss normaliser is its share of the batch's
@@ -303,7 +307,18 @@ pub fn update_policy(
     let per_epoch = n_all.div_ceil(size).max(1);
     let updates = per_epoch * alg.ppo_epochs;
     if updates > 1 {
-        score_old(policy, &mut pg, alg, temp, mb);
+        // With one epoch, the first mini-batch is scored before any optimiser step: its own
+        // detached log-probs are π_old, so only the later mini-batches' rows need this pass
+        // (half of it at two mini-batches). With more epochs every row is seen again after a step.
+        let mut on_policy = vec![false; n];
+        if alg.ppo_epochs == 1 {
+            for &j in &mini_batches(n_all, size, seed, 0)[0] {
+                if (offset..offset + n).contains(&j) {
+                    on_policy[j - offset] = true;
+                }
+            }
+        }
+        score_old(policy, &mut pg, &on_policy, alg, temp, mb);
     }
     let mut st = UpdateStats::default();
     let mut sums: BTreeMap<String, f64> = BTreeMap::new();

@@ -46,7 +46,8 @@ pub struct PgRow {
     /// The objective's weight λ (1 for plain GRPO).
     pub weight: f64,
     /// log π_old of each response token, scored once before the first of several updates
-    /// ([`score_old`]); empty = π_old is the current policy (one update per batch).
+    /// ([`score_old`]); empty = π_old is the current policy (one update per batch, or the
+    /// first mini-batch of a single epoch).
     pub old_logprobs: Vec<f64>,
 }
 
@@ -107,10 +108,19 @@ fn carries(alg: &AlgorithmSection, r: &PgRow) -> bool {
 
 /// π_old for several updates per batch (PPO): fills each row's `old_logprobs` from one no-grad
 /// scoring pass under the current weights, which are the weights that generated the batch.
-/// Rows that carry no gradient are left empty (they are never scored).
-pub fn score_old(policy: &Policy, rows: &mut [PgRow], alg: &AlgorithmSection, temperature: f64, micro_batch: usize) {
+/// Rows that carry no gradient, and rows whose `on_policy` is true (the first update scores
+/// them before any step, so its detached log-probs are π_old), are left empty.
+pub fn score_old(
+    policy: &Policy,
+    rows: &mut [PgRow],
+    on_policy: &[bool],
+    alg: &AlgorithmSection,
+    temperature: f64,
+    micro_batch: usize,
+) {
     let temp = temperature.max(1e-6);
-    let mut todo: Vec<&mut PgRow> = rows.iter_mut().filter(|r| carries(alg, r)).collect();
+    let mut todo: Vec<&mut PgRow> =
+        rows.iter_mut().zip(on_policy).filter(|(r, &fresh)| !fresh && carries(alg, r)).map(|(r, _)| r).collect();
     tch::no_grad(|| {
         for mb in todo.chunks_mut(micro_batch.max(1)) {
             let refs: Vec<&PgRow> = mb.iter().map(|r| &**r).collect();

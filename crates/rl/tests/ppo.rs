@@ -1,7 +1,8 @@
 //! PPO's mini-batched update (`[algorithm] ppo_mini_batch`, `ppo_epochs`): with one mini-batch
 //! it is the single update of earlier versions, bit for bit; with several, the adapters after
 //! the step equal a PyTorch loop (float64, same weights, rows and mini-batches: π_old scored
-//! once, clipped surrogate, token-mean per mini-batch, clip_grad_norm_, torch.optim.AdamW); and
+//! once, clipped surrogate, token-mean per mini-batch, clip_grad_norm_, torch.optim.AdamW; with
+//! one epoch the first mini-batch takes its π_old from its own forward); and
 //! from the second mini-batch on the ratio leaves 1 and the clip acts.
 mod common;
 #[path = "../../engine/tests/common/mod.rs"]
@@ -119,42 +120,52 @@ fn one_mini_batch_is_the_single_update_and_several_match_pytorch() {
         assert!(a.equal(&b), "{n}: one mini-batch differs from the single update");
     }
 
-    // Several mini-batches and epochs against PyTorch: 8 rows in batches of 3 (3 + 3 + 2), two
-    // epochs, so six optimiser steps with π_old fixed.
-    let (size, epochs, lr, seed) = (3, 2, 1e-2, 5);
-    let cfg = config(size, epochs, lr);
-    let (ours, st) = {
-        let p = tiny_policy(&root);
-        let mut opt = optimiser(&p);
-        let mut out = StepOutput { terms: vec![LossTerm::Pg { rows: rows(), normaliser: None }], ..Default::default() };
-        let st = update_policy(None, &p, None, &mut opt, &mut out, &cfg, seed).unwrap();
-        (adapters(&p), st)
-    };
-    assert_eq!(st.per_update.len(), 6);
-    let batches: Vec<Vec<usize>> = (0..epochs).flat_map(|e| mini_batches(8, size, seed, e)).collect();
-    assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 2, 3, 3, 2]);
-    assert_ne!(batches[0], batches[3], "each epoch deals the rows in a new order");
-    let rows_json: Vec<_> = rows()
-        .iter()
-        .map(|r| json!({"prompt": r.seq.prompt, "response": r.seq.response, "mask": r.seq.loss_mask, "advantage": r.advantage}))
-        .collect();
-    run_reference(
-        &json!([{"kind": "ppo", "model": root.to_str().unwrap(), "lora": lora(), "rows": rows_json,
-                 "minibatches": batches, "clip_low": 0.2, "clip_high": 0.2, "lr": lr,
-                 "max_grad_norm": 1.0, "out": root.join("ref.safetensors")}]),
-        &root,
-    );
-    let reference = read_all(&root.join("ref.safetensors")).unwrap();
-    assert_eq!(reference.len(), ours.len());
-    let (mut worst, mut moved) = (0f64, 0f64);
-    for ((n, a), (_, a0)) in ours.iter().zip(&initial) {
-        let d = (a - &reference[n]).abs().max().double_value(&[]);
-        worst = worst.max(d);
-        moved = moved.max((a - a0).abs().max().double_value(&[]));
+    // Several mini-batches against PyTorch (which scores π_old for every row): 8 rows in batches
+    // of 3 (3 + 3 + 2). Two epochs: six optimiser steps with π_old fixed. One epoch: three, where
+    // the first mini-batch's π_old is its own detached log-probs instead of a separate pass.
+    for epochs in [2, 1] {
+        let (size, lr, seed) = (3, 1e-2, 5);
+        let cfg = config(size, epochs, lr);
+        let (ours, st) = {
+            let p = tiny_policy(&root);
+            let mut opt = optimiser(&p);
+            let mut out =
+                StepOutput { terms: vec![LossTerm::Pg { rows: rows(), normaliser: None }], ..Default::default() };
+            let st = update_policy(None, &p, None, &mut opt, &mut out, &cfg, seed).unwrap();
+            (adapters(&p), st)
+        };
+        assert_eq!(st.per_update.len(), 3 * epochs);
+        let batches: Vec<Vec<usize>> = (0..epochs).flat_map(|e| mini_batches(8, size, seed, e)).collect();
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [3, 3, 2].repeat(epochs));
+        if epochs == 2 {
+            assert_ne!(batches[0], batches[3], "each epoch deals the rows in a new order");
+        }
+        let rows_json: Vec<_> = rows()
+            .iter()
+            .map(|r| json!({"prompt": r.seq.prompt, "response": r.seq.response, "mask": r.seq.loss_mask, "advantage": r.advantage}))
+            .collect();
+        let out = root.join(format!("ref-{epochs}.safetensors"));
+        run_reference(
+            &json!([{"kind": "ppo", "model": root.to_str().unwrap(), "lora": lora(), "rows": rows_json,
+                     "minibatches": batches, "clip_low": 0.2, "clip_high": 0.2, "lr": lr,
+                     "max_grad_norm": 1.0, "out": out}]),
+            &root,
+        );
+        let reference = read_all(&out).unwrap();
+        assert_eq!(reference.len(), ours.len());
+        let (mut worst, mut moved) = (0f64, 0f64);
+        for ((n, a), (_, a0)) in ours.iter().zip(&initial) {
+            let d = (a - &reference[n]).abs().max().double_value(&[]);
+            worst = worst.max(d);
+            moved = moved.max((a - a0).abs().max().double_value(&[]));
+        }
+        println!(
+            "{epochs} epoch(s), {} PPO steps: max |Δθ| {moved:.3e}, max |θ_knowrl − θ_torch| {worst:.3e}",
+            3 * epochs
+        );
+        assert!(moved > 1e-2, "the update must move the adapters ({moved})");
+        assert!(worst < 1e-5, "adapters differ from PyTorch's by {worst}");
     }
-    println!("six PPO steps: max |Δθ| {moved:.3e}, max |θ_knowrl − θ_torch| {worst:.3e}");
-    assert!(moved > 1e-2, "the update must move the adapters ({moved})");
-    assert!(worst < 1e-5, "adapters differ from PyTorch's by {worst}");
 }
 
 #[test]
@@ -173,5 +184,11 @@ fn the_ratio_leaves_one_after_the_first_mini_batch_and_the_clip_acts() {
     assert_eq!(first.clip_frac, 0.0);
     assert!(second.ppo_kl.abs() > 1e-3, "second mini-batch: ratio still 1 (ppo_kl {})", second.ppo_kl);
     assert!(second.clip_frac > 0.0, "second mini-batch: the clip never acted");
-    assert!(out.pg_rows().iter().filter(|r| r.advantage != 0.0).all(|r| r.old_logprobs.len() == r.seq.response.len()));
+    // π_old was scored for the second mini-batch only: the first one's is its own detached
+    // log-probs, taken before any optimiser step.
+    let first_rows = &mini_batches(16, 8, 1, 0)[0];
+    for (j, r) in out.pg_rows().iter().enumerate().filter(|(_, r)| r.advantage != 0.0) {
+        let want = if first_rows.contains(&j) { 0 } else { r.seq.response.len() };
+        assert_eq!(r.old_logprobs.len(), want, "row {j}");
+    }
 }

@@ -137,6 +137,14 @@ impl Packing {
         Packing { index: Tensor::from_slice(&index).to_device(device), b: lens.len() as i64, t: t as i64 }
     }
 
+    /// Rows of `lens[r]` real tokens, right-aligned in a batch `t` wide (a generation feed),
+    /// packed row by row.
+    pub fn right_aligned(lens: &[usize], t: usize, device: tch::Device) -> Packing {
+        let index: Vec<i64> =
+            lens.iter().enumerate().flat_map(|(r, &n)| (t - n..t).map(move |j| (r * t + j) as i64)).collect();
+        Packing { index: Tensor::from_slice(&index).to_device(device), b: lens.len() as i64, t: t as i64 }
+    }
+
     /// [N, W] real-token rows → [B, T, W], zeros in the padding.
     fn unpack(&self, y: &Tensor) -> Tensor {
         let w = y.size()[1];
@@ -395,6 +403,27 @@ impl DecoderLm {
         h
     }
 
+    /// [`Self::forward_hidden`] with a cache, computing only the real tokens `packing` names
+    /// (a ragged feed: observations of different lengths, rows that take no tokens): the
+    /// projections and MLPs skip the padding, attention runs on the padded layout.
+    /// Returns the hidden states [N, D] of those tokens, in `packing`'s order.
+    pub fn forward_cached_packed(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: &mut KvCache,
+        packing: &Packing,
+        mode: Mode,
+    ) -> Tensor {
+        let (b, t) = ids.size2().unwrap();
+        self.reserve_cache(cache, b, t);
+        let pos = cache.len;
+        let h = self.run_layers(ids, positions, mask, mode, ModelKv::Cache(cache, pos), Some(packing));
+        cache.len += t;
+        h
+    }
+
     /// Makes room in `cache` (a batch of `rows`) for `extra` more positions.
     pub fn reserve_cache(&self, cache: &mut KvCache, rows: i64, extra: i64) {
         let like = Tensor::empty(
@@ -479,6 +508,15 @@ impl DecoderLm {
             self.layer_macs() * self.layers.len() as f64,
             self.backward_passes(&x),
         );
+        if mask.device() == tch::Device::Cpu {
+            // (query, visible key) pairs of the real queries: padding query rows are dropped.
+            let k = *mask.size().last().unwrap_or(&0);
+            let rows = mask.reshape([-1, k]);
+            let rows = packing.map_or(rows.shallow_clone(), |p| rows.index_select(0, &p.index));
+            let pairs = rows.sum(Kind::Int64).int64_value(&[]);
+            let width = self.cfg.num_heads * self.cfg.head_dim;
+            crate::flops::add_attention(pairs, self.layers.len(), width, x.requires_grad());
+        }
         self.norm.forward(&x)
     }
 
