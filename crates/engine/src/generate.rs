@@ -174,6 +174,8 @@ impl<'a> DecodeSession<'a> {
         let mut ids = vec![self.pad_id as i64; k * t];
         let mut pos = vec![0i64; k * t];
         let mut mask = vec![false; k * t * keys];
+        // Real tokens per computed cache row (0 for a row inside the front that takes none).
+        let mut lens = vec![0usize; k];
         for (r, block) in blocks.iter().enumerate() {
             let off = t - block.len();
             self.valid[r].extend((0..t).map(|i| i >= off));
@@ -181,6 +183,7 @@ impl<'a> DecodeSession<'a> {
             if s >= k {
                 continue; // not computed: its new slots are holes
             }
+            lens[s] = block.len();
             for (i, &tok) in block.iter().enumerate() {
                 ids[s * t + off + i] = tok as i64;
                 pos[s * t + off + i] = self.n_real[r] + i as i64;
@@ -201,13 +204,6 @@ impl<'a> DecodeSession<'a> {
         let mask = Tensor::from_slice(&mask).view([k as i64, 1, t as i64, keys as i64]).to_device(dev);
         self.lm.reserve_cache(&mut self.cache, b as i64, t as i64);
         let mut front = self.cache.front_rows(k as i64);
-        // Real tokens per computed cache row (0 for a row inside the front that takes none).
-        let mut lens = vec![0usize; k];
-        for (r, block) in blocks.iter().enumerate() {
-            if self.slot[r] < k {
-                lens[self.slot[r]] = block.len();
-            }
-        }
         let padded = lens.iter().any(|&n| n != t);
         let last = if t > 1 && padded {
             // A ragged block (observations, prompts of different lengths): the projections and
@@ -215,12 +211,13 @@ impl<'a> DecodeSession<'a> {
             let packing = crate::models::llama::Packing::right_aligned(&lens, t, dev);
             let hidden =
                 tch::no_grad(|| self.lm.forward_cached_packed(&ids, &pos, &mask, &mut front, &packing, Mode::EVAL));
-            let mut ends = Vec::with_capacity(k);
-            let mut end = 0i64;
-            for &n in &lens {
-                end += n as i64;
-                ends.push((end - 1).max(0));
-            }
+            let ends: Vec<i64> = lens
+                .iter()
+                .scan(0i64, |end, &n| {
+                    *end += n as i64;
+                    Some((*end - 1).max(0))
+                })
+                .collect();
             hidden.index_select(0, &Tensor::from_slice(&ends).to_device(dev))
         } else {
             let hidden = tch::no_grad(|| self.lm.forward_hidden(&ids, &pos, &mask, Some(&mut front), Mode::EVAL));

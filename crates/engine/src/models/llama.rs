@@ -130,18 +130,23 @@ pub struct Packing {
 }
 
 impl Packing {
-    /// Rows of `lens[r]` real tokens, left-aligned in a batch `t` wide.
+    /// Rows of `lens[r]` real tokens, left-aligned in a batch `t` wide (scoring).
     pub fn new(lens: &[usize], t: usize, device: tch::Device) -> Packing {
-        let index: Vec<i64> =
-            lens.iter().enumerate().flat_map(|(r, &n)| (0..n).map(move |j| (r * t + j) as i64)).collect();
-        Packing { index: Tensor::from_slice(&index).to_device(device), b: lens.len() as i64, t: t as i64 }
+        Packing::spans(lens, t, device, |_| 0)
     }
 
-    /// Rows of `lens[r]` real tokens, right-aligned in a batch `t` wide (a generation feed),
-    /// packed row by row.
+    /// Rows of `lens[r]` real tokens, right-aligned in a batch `t` wide (a generation feed).
     pub fn right_aligned(lens: &[usize], t: usize, device: tch::Device) -> Packing {
-        let index: Vec<i64> =
-            lens.iter().enumerate().flat_map(|(r, &n)| (t - n..t).map(move |j| (r * t + j) as i64)).collect();
+        Packing::spans(lens, t, device, |n| t - n)
+    }
+
+    /// Row r's real tokens at columns `start(lens[r])..start(lens[r]) + lens[r]`, packed row by row.
+    fn spans(lens: &[usize], t: usize, device: tch::Device, start: impl Fn(usize) -> usize) -> Packing {
+        let index: Vec<i64> = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &n)| (start(n)..start(n) + n).map(move |j| (r * t + j) as i64))
+            .collect();
         Packing { index: Tensor::from_slice(&index).to_device(device), b: lens.len() as i64, t: t as i64 }
     }
 
@@ -385,22 +390,10 @@ impl DecoderLm {
         ids: &Tensor,
         positions: &Tensor,
         mask: &Tensor,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
         mode: Mode,
     ) -> Tensor {
-        let pos = cache.as_ref().map_or(0, |c| c.len);
-        if let Some(c) = cache.as_deref_mut() {
-            let (b, t) = ids.size2().unwrap();
-            self.reserve_cache(c, b, t);
-        }
-        let h = match cache.as_deref_mut() {
-            Some(c) => self.run_layers(ids, positions, mask, mode, ModelKv::Cache(c, pos), None),
-            None => self.run_layers(ids, positions, mask, mode, ModelKv::None, None),
-        };
-        if let Some(c) = cache {
-            c.len += ids.size()[1];
-        }
-        h
+        self.forward_cached(ids, positions, mask, cache, None, mode)
     }
 
     /// [`Self::forward_hidden`] with a cache, computing only the real tokens `packing` names
@@ -416,11 +409,27 @@ impl DecoderLm {
         packing: &Packing,
         mode: Mode,
     ) -> Tensor {
+        self.forward_cached(ids, positions, mask, Some(cache), Some(packing), mode)
+    }
+
+    /// Both of the above: grows the cache, runs the layers, advances the cache's length.
+    fn forward_cached(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        mask: &Tensor,
+        cache: Option<&mut KvCache>,
+        packing: Option<&Packing>,
+        mode: Mode,
+    ) -> Tensor {
+        let Some(c) = cache else {
+            return self.run_layers(ids, positions, mask, mode, ModelKv::None, packing);
+        };
         let (b, t) = ids.size2().unwrap();
-        self.reserve_cache(cache, b, t);
-        let pos = cache.len;
-        let h = self.run_layers(ids, positions, mask, mode, ModelKv::Cache(cache, pos), Some(packing));
-        cache.len += t;
+        self.reserve_cache(c, b, t);
+        let pos = c.len;
+        let h = self.run_layers(ids, positions, mask, mode, ModelKv::Cache(c, pos), packing);
+        c.len += t;
         h
     }
 
