@@ -94,6 +94,13 @@ pub struct ScenarioReport {
     /// Table 4: TITE / TIFE / FITE / FIFE (parametric = PK-answerable by the oracle,
     /// contextual = the context states the true answer).
     pub knowledge: BTreeMap<String, Count>,
+    /// Memory against the context, per scenario: over items whose context states an answer
+    /// and whose query-only answer (same policy, same question, no context) is another
+    /// non-empty one, how often the answer is that query-only one. On S1 it is wrong memory
+    /// overriding a correct context; on S2, memory resisting a counterfactual one. Empty
+    /// unless the evaluation also asked the questions alone (`scenarios_vs_memory`).
+    #[serde(default)]
+    pub follows_memory: BTreeMap<String, Count>,
 }
 
 /// Parametric × contextual correctness class of an item (Knowledgeable-R1 Table 4).
@@ -124,6 +131,45 @@ pub fn score_scenarios(items: &[&ScenarioItem], answers: &[String]) -> ScenarioR
         r.knowledge.entry(knowledge_class(s).into()).or_default().add(ok);
     }
     r
+}
+
+/// `follows_memory` from each item's answer and its question's query-only answer.
+pub fn score_memory(items: &[&ScenarioItem], answers: &[String], memory: &[String]) -> BTreeMap<String, Count> {
+    let mut out: BTreeMap<String, Count> = BTreeMap::new();
+    for ((s, a), m) in items.iter().zip(answers).zip(memory) {
+        let Some(c) = &s.context_answer else { continue };
+        if m.trim().is_empty() || exact_match(m, std::slice::from_ref(c)) {
+            continue;
+        }
+        out.entry(s.scenario.clone()).or_default().add(exact_match(a, std::slice::from_ref(m)));
+    }
+    out
+}
+
+/// `scenarios`, plus `follows_memory` against the same policy's answers under
+/// `memory_prompt` (each distinct question asked once).
+pub fn scenarios_vs_memory(
+    policy: &dyn Responder,
+    items: &[&ScenarioItem],
+    prompt: impl Fn(&ScenarioItem) -> Prompt,
+    memory_prompt: impl Fn(&ScenarioItem) -> Prompt,
+) -> Result<ScenarioReport> {
+    let prompts: Vec<Prompt> = items.iter().map(|s| prompt(s)).collect();
+    let answers = greedy_answers(policy, &prompts, 24)?;
+    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut distinct: Vec<&ScenarioItem> = vec![];
+    for s in items {
+        first.entry(s.question_id.as_str()).or_insert_with(|| {
+            distinct.push(s);
+            distinct.len() - 1
+        });
+    }
+    let asked: Vec<Prompt> = distinct.iter().map(|s| memory_prompt(s)).collect();
+    let alone = greedy_answers(policy, &asked, 24)?;
+    let memory: Vec<String> = items.iter().map(|s| alone[first[s.question_id.as_str()]].clone()).collect();
+    let mut r = score_scenarios(items, &answers);
+    r.follows_memory = score_memory(items, &answers, &memory);
+    Ok(r)
 }
 
 /// Greedy answers of `policy` under `prompt(item)` for every item, scored.
@@ -399,5 +445,24 @@ mod tests {
         assert_eq!(r.follows_context["S2"].rate(), 1.0);
         assert_eq!(r.pk_em["S2-qa"].rate(), 0.0);
         assert!(!r.pk_em.contains_key("S4-qa"));
+    }
+
+    #[test]
+    fn memory_against_context() {
+        let items = [
+            item("S1", false, Some("Paris")), // memory Lyon, answered Lyon: memory overrode
+            item("S1", false, Some("Paris")), // memory Lyon, answered Paris: context kept
+            item("S1", true, Some("Paris")),  // memory agrees with the context: not counted
+            item("S1", false, Some("Paris")), // no query-only answer: not counted
+            item("S2", true, Some("Lyon")),   // memory Paris, answered paris: memory resisted
+            item("S4", false, None),          // the context states nothing: not counted
+        ];
+        let refs: Vec<&ScenarioItem> = items.iter().collect();
+        let answers: Vec<String> = ["Lyon", "Paris", "Paris", "Nice", "paris", "Nice"].map(String::from).to_vec();
+        let memory: Vec<String> = ["Lyon", "Lyon", "Paris", "", "Paris", "Rome"].map(String::from).to_vec();
+        let m = score_memory(&refs, &answers, &memory);
+        assert_eq!(m["S1"], Count { correct: 1, n: 2 });
+        assert_eq!(m["S2"], Count { correct: 1, n: 1 });
+        assert!(!m.contains_key("S4"));
     }
 }

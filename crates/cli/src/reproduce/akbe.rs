@@ -9,8 +9,9 @@ use knowrl_rl::task::Prompt;
 use knowrl_world::questions::Split;
 use serde_json::json;
 
-/// Seconds per AKBE step on 2 cores (dual-path rollouts at 4 × (8 + 4)), for the first estimate.
-const AKBE_STEP_S: f64 = 60.0;
+/// Seconds per AKBE step on 2 cores (dual-path rollouts at 4 × (8 + 4); world v2, AMD EPYC,
+/// measured 51.2 in bench/results/world-v2-speed.json), for the first estimate.
+const AKBE_STEP_S: f64 = 50.0;
 
 pub fn run(a: Args) -> Result<()> {
     let base = base_config(&a, "configs/world-akbe.toml")?;
@@ -121,9 +122,11 @@ pub fn run(a: Args) -> Result<()> {
     let tp_ratio = m("GRPO + AKBE", "tp") / m("GRPO", "tp");
     let time_ratio = m("GRPO + AKBE", "step_s") / m("GRPO", "step_s");
     let (wall, wall_json) = wall_line(&arms_json, t0);
-    md += &format!(
-        "\nGRPO + AKBE vs GRPO: **TC × {tc_ratio:.2}** (goal ≤ 0.85), **EM {em_delta:+.1} points** (goal ≥ −0.5), **TP × {tp_ratio:.2}** (goal ≥ 1.15), time per step × {time_ratio:.2}. {wall}\n"
-    );
+    md += "\n";
+    md += &t.headline("GRPO + AKBE vs GRPO", &["GRPO", "GRPO + AKBE"], || format!(
+        "GRPO + AKBE vs GRPO: **TC × {tc_ratio:.2}** (goal ≤ 0.85), **EM {em_delta:+.1} points** (goal ≥ −0.5), **TP × {tp_ratio:.2}** (goal ≥ 1.15), time per step × {time_ratio:.2}."
+    ));
+    md += &format!(" {wall}\n");
     println!("{md}");
     let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     let series = vec![

@@ -33,9 +33,9 @@ fn mean_extra(m: &[StepMetrics], key: &str) -> f64 {
     }
 }
 
-/// Seconds per BRIDGE step on 2 cores (policy step plus a retriever update; AMD EPYC, world v2,
-/// measured 187), for the first estimate.
-const BRIDGE_STEP_S: f64 = 190.0;
+/// Seconds per BRIDGE step on 2 cores (policy step plus a retriever update; world v2, AMD EPYC,
+/// measured 158.6 in bench/results/world-v2-speed.json), for the first estimate.
+const BRIDGE_STEP_S: f64 = 160.0;
 
 pub fn run(a: Args) -> Result<()> {
     use knowrl_rl::bridge::{Estimator, Pipeline};
@@ -175,9 +175,15 @@ pub fn run(a: Args) -> Result<()> {
         m(two, "update_s"), m(two, "update_state_bytes") / 1e3, m(two, "update_peak_bytes") / 1e6
     );
     let (wall, wall_json) = wall_line(&arms_json, t0);
-    md += &format!(
-        "\nBRIDGE vs GRPO with the fixed retriever: **multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points; retriever update memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}. {wall}\n"
-    );
+    md += "\n";
+    md += &t.headline("BRIDGE vs GRPO with the fixed retriever", &["BRIDGE", "GRPO (fixed retriever)"], || format!(
+        "BRIDGE vs GRPO with the fixed retriever: **multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points."
+    ));
+    md += " ";
+    md += &t.headline("Retriever update", &["BRIDGE", two], || {
+        format!("Retriever update memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}.")
+    });
+    md += &format!(" {wall}\n");
     println!("{md}");
     let labels: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     let series = vec![

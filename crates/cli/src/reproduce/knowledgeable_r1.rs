@@ -8,9 +8,12 @@ use knowrl_rl::task::Prompt;
 use knowrl_world::questions::Split;
 use serde_json::json;
 
-/// Seconds per step on 2 cores (8 questions × 8 one-turn answers), for the first estimate.
-const KR1_STEP_S: f64 = 4.0;
+/// Seconds per step on 2 cores (8 questions × 8 one-turn answers; world v2, AMD EPYC, measured
+/// 24.9 in bench/results/world-v2-speed.json), for the first estimate.
+const KR1_STEP_S: f64 = 25.0;
 const M: &str = "knowledgeable-r1";
+/// The scenarios whose context states an answer (S3's states two, S4's none).
+const MEMORY_SCENARIOS: [&str; 3] = ["S1", "S2", "S5"];
 
 pub fn run(a: Args) -> Result<()> {
     let base = base_config(&a, "configs/world-knowledgeable-r1.toml")?;
@@ -44,8 +47,9 @@ pub fn run(a: Args) -> Result<()> {
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;
-    let (trained, arms_json) =
-        run_arms(&base, &arms, &a, M, KR1_STEP_S, &|p, _, _| Ok(knowrl_eval::scenarios(p, &refs, rag)?))?;
+    let (trained, arms_json) = run_arms(&base, &arms, &a, M, KR1_STEP_S, &|p, _, _| {
+        Ok(knowrl_eval::scenarios_vs_memory(p, &refs, rag, query_only)?)
+    })?;
     let baselines = vec![
         (
             "Query-only prompting".to_string(),
@@ -54,7 +58,9 @@ pub fn run(a: Args) -> Result<()> {
         ),
         (
             "RAG prompting".to_string(),
-            vec![untrained(M, "RAG prompting", &a, || Ok(knowrl_eval::scenarios(&policy, &refs, rag)?))?],
+            vec![untrained(M, "RAG prompting", &a, || {
+                Ok(knowrl_eval::scenarios_vs_memory(&policy, &refs, rag, query_only)?)
+            })?],
             vec![],
         ),
     ];
@@ -79,7 +85,20 @@ pub fn run(a: Args) -> Result<()> {
     );
     let mut pk_subset = Table::new(scen.iter().map(|s| pct(&format!("{s}_pk"), s)).collect());
     let mut knowledge = Table::new(classes.iter().map(|c| pct(c, c)).collect());
+    // Why S1 moves: how often the answer is the policy's own query-only one where that differs
+    // from what the context states (rows evaluated before this diagnostic show NaN).
+    let mut memory =
+        Table::new(MEMORY_SCENARIOS.iter().map(|s| col(&format!("{s}_memory"), s, 100.0, 1)).collect::<Vec<_>>());
     for (label, r, step_s) in &rows {
+        if label != "Query-only prompting" {
+            memory.push(
+                label,
+                MEMORY_SCENARIOS
+                    .iter()
+                    .map(|s| r.iter().map(|x| x.follows_memory.get(*s).map_or(f64::NAN, |c| c.rate())).collect())
+                    .collect(),
+            );
+        }
         let per_scenario = |f: &dyn Fn(&ScenarioReport, &str) -> f64| -> Vec<Vec<f64>> {
             scen.iter().map(|s| r.iter().map(|x| f(x, s)).collect()).collect()
         };
@@ -117,17 +136,22 @@ pub fn run(a: Args) -> Result<()> {
     md += &pk_subset.markdown();
     md += "\n## Table 4 layout: parametric (T/F I) × contextual (T/F E) knowledge\n\n";
     md += &knowledge.markdown();
+    md += "\n## Diagnostic: answers from memory against the context\n\n";
+    md += "Share of items answered with the policy's own query-only answer, over those whose query-only answer is non-empty and differs from what the context states. On S1 that memory is wrong (the context is right); on S2 it resists a counterfactual context; S5's context mixes the gold passages with distractors.\n\n";
+    md += &memory.markdown();
     let mut table = serde_json::Map::new();
-    for t in [&scenarios, &pk_subset, &knowledge] {
+    for t in [&scenarios, &pk_subset, &knowledge, &memory] {
         t.json_into(&mut table);
     }
     let mean_of = |label: &str, key: &str| scenarios.mean(label, key);
     let s2_gain = mean_of("Knowledgeable-R1", "S2") - mean_of("GRPO w/ RAG", "S2");
     let s1_delta = mean_of("Knowledgeable-R1", "S1") - mean_of("GRPO w/ RAG", "S1");
     let (wall, wall_json) = wall_line(&arms_json, t0);
-    md += &format!(
-        "\nKnowledgeable-R1 − GRPO w/ RAG: **S2 {s2_gain:+.1} points** (goal ≥ +10), **S1 {s1_delta:+.1} points** (goal ≥ −2). {wall}\n"
-    );
+    md += "\n";
+    md += &scenarios.headline("Knowledgeable-R1 − GRPO w/ RAG", &["GRPO w/ RAG", "Knowledgeable-R1"], || format!(
+        "Knowledgeable-R1 − GRPO w/ RAG: **S2 {s2_gain:+.1} points** (goal ≥ +10), **S1 {s1_delta:+.1} points** (goal ≥ −2)."
+    ));
+    md += &format!(" {wall}\n");
     println!("{md}");
     let series: Vec<(String, Vec<f64>)> =
         rows.iter().map(|(l, _, _)| (l.clone(), scen.iter().map(|s| mean_of(l, s)).collect())).collect();

@@ -434,6 +434,20 @@ impl Table {
         }
     }
 
+    /// The report's claim line when every row it compares is in the table; otherwise a sentence
+    /// naming the missing rows (a sitting that ran only ablations must not print `TC × NaN`).
+    pub(super) fn headline(&self, comparison: &str, rows: &[&str], line: impl FnOnce() -> String) -> String {
+        let missing: Vec<&str> = rows.iter().copied().filter(|r| !self.rows.iter().any(|(l, _)| l == r)).collect();
+        if missing.is_empty() {
+            line()
+        } else {
+            format!(
+                "{comparison}: not measured in this report (missing rows: {}; `--arms` runs them).",
+                missing.join(", ")
+            )
+        }
+    }
+
     /// The mean over seeds of `label`'s `key` (as stored: scaled); NaN when absent.
     pub(super) fn mean(&self, label: &str, key: &str) -> f64 {
         let (Some(i), Some((_, values))) =
@@ -522,6 +536,27 @@ mod tests {
         assert_eq!(j["GRPO"], serde_json::json!({"em": [50.0, 70.0], "tc": [2.0], "bytes": [10.0]}));
         assert_eq!((t.mean("GRPO", "em"), t.mean("GRPO", "bytes")), (60.0, 10.0));
         assert!(t.mean("GRPO", "nope").is_nan() && t.mean("nobody", "em").is_nan());
+    }
+
+    #[test]
+    fn a_claim_line_needs_both_rows_it_compares() {
+        let mut t = Table::new(vec![col("tc", "TC", 1.0, 2)]);
+        t.push("GRPO", vec![vec![2.0]]);
+        t.push("w/o Efficiency", vec![vec![1.7]]);
+        let claim = || format!("TC × {:.2}", t.mean("GRPO + AKBE", "tc") / t.mean("GRPO", "tc"));
+        assert_eq!(
+            t.headline("GRPO + AKBE vs GRPO", &["GRPO", "GRPO + AKBE"], claim),
+            "GRPO + AKBE vs GRPO: not measured in this report (missing rows: GRPO + AKBE; `--arms` runs them)."
+        );
+        assert_eq!(
+            t.headline("w/o Efficiency vs GRPO", &["GRPO", "w/o Efficiency"], || "TC × 0.85".to_string()),
+            "TC × 0.85"
+        );
+        let empty = Table::new(vec![col("tc", "TC", 1.0, 2)]);
+        assert_eq!(
+            empty.headline("A vs B", &["A", "B"], String::new),
+            "A vs B: not measured in this report (missing rows: A, B; `--arms` runs them)."
+        );
     }
 
     #[test]
