@@ -154,8 +154,7 @@ pub fn scenarios_vs_memory(
     prompt: impl Fn(&ScenarioItem) -> Prompt,
     memory_prompt: impl Fn(&ScenarioItem) -> Prompt,
 ) -> Result<ScenarioReport> {
-    let prompts: Vec<Prompt> = items.iter().map(|s| prompt(s)).collect();
-    let answers = greedy_answers(policy, &prompts, 24)?;
+    let answers = scenario_answers(policy, items, prompt)?;
     let mut first: BTreeMap<&str, usize> = BTreeMap::new();
     let mut distinct: Vec<&ScenarioItem> = vec![];
     for s in items {
@@ -178,8 +177,17 @@ pub fn scenarios(
     items: &[&ScenarioItem],
     prompt: impl Fn(&ScenarioItem) -> Prompt,
 ) -> Result<ScenarioReport> {
+    Ok(score_scenarios(items, &scenario_answers(policy, items, prompt)?))
+}
+
+/// Greedy answers of `policy` under `prompt(item)` for every item.
+fn scenario_answers(
+    policy: &dyn Responder,
+    items: &[&ScenarioItem],
+    prompt: impl Fn(&ScenarioItem) -> Prompt,
+) -> Result<Vec<String>> {
     let prompts: Vec<Prompt> = items.iter().map(|s| prompt(s)).collect();
-    Ok(score_scenarios(items, &greedy_answers(policy, &prompts, 24)?))
+    greedy_answers(policy, &prompts, 24)
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -124,7 +124,7 @@ pub fn run(a: Args) -> Result<()> {
     let (wall, wall_json) = wall_line(&arms_json, t0);
     md += "\n";
     md += &t.headline("GRPO + AKBE vs GRPO", &["GRPO", "GRPO + AKBE"], || format!(
-        "GRPO + AKBE vs GRPO: **TC × {tc_ratio:.2}** (goal ≤ 0.85), **EM {em_delta:+.1} points** (goal ≥ −0.5), **TP × {tp_ratio:.2}** (goal ≥ 1.15), time per step × {time_ratio:.2}."
+        "**TC × {tc_ratio:.2}** (goal ≤ 0.85), **EM {em_delta:+.1} points** (goal ≥ −0.5), **TP × {tp_ratio:.2}** (goal ≥ 1.15), time per step × {time_ratio:.2}."
     ));
     md += &format!(" {wall}\n");
     println!("{md}");

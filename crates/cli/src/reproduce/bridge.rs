@@ -176,12 +176,12 @@ pub fn run(a: Args) -> Result<()> {
     );
     let (wall, wall_json) = wall_line(&arms_json, t0);
     md += "\n";
-    md += &t.headline("BRIDGE vs GRPO with the fixed retriever", &["BRIDGE", "GRPO (fixed retriever)"], || format!(
-        "BRIDGE vs GRPO with the fixed retriever: **multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points."
-    ));
+    md += &t.headline("BRIDGE vs GRPO with the fixed retriever", &["BRIDGE", "GRPO (fixed retriever)"], || {
+        format!("**multi-hop EM {gain:+.1} points** (goal ≥ +3), recall@m {recall_gain:+.1} points.")
+    });
     md += " ";
     md += &t.headline("Retriever update", &["BRIDGE", two], || {
-        format!("Retriever update memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}.")
+        format!("memory × {mem_ratio:.2} of two-state (goal ≤ 0.6), time × {time_ratio:.2}.")
     });
     md += &format!(" {wall}\n");
     println!("{md}");

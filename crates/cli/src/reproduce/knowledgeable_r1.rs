@@ -148,9 +148,9 @@ pub fn run(a: Args) -> Result<()> {
     let s1_delta = mean_of("Knowledgeable-R1", "S1") - mean_of("GRPO w/ RAG", "S1");
     let (wall, wall_json) = wall_line(&arms_json, t0);
     md += "\n";
-    md += &scenarios.headline("Knowledgeable-R1 − GRPO w/ RAG", &["GRPO w/ RAG", "Knowledgeable-R1"], || format!(
-        "Knowledgeable-R1 − GRPO w/ RAG: **S2 {s2_gain:+.1} points** (goal ≥ +10), **S1 {s1_delta:+.1} points** (goal ≥ −2)."
-    ));
+    md += &scenarios.headline("Knowledgeable-R1 − GRPO w/ RAG", &["GRPO w/ RAG", "Knowledgeable-R1"], || {
+        format!("**S2 {s2_gain:+.1} points** (goal ≥ +10), **S1 {s1_delta:+.1} points** (goal ≥ −2).")
+    });
     md += &format!(" {wall}\n");
     println!("{md}");
     let series: Vec<(String, Vec<f64>)> =

@@ -434,12 +434,13 @@ impl Table {
         }
     }
 
-    /// The report's claim line when every row it compares is in the table; otherwise a sentence
-    /// naming the missing rows (a sitting that ran only ablations must not print `TC × NaN`).
-    pub(super) fn headline(&self, comparison: &str, rows: &[&str], line: impl FnOnce() -> String) -> String {
+    /// `comparison: figures` when every row it compares is in the table; otherwise the
+    /// comparison and the missing rows (a sitting that ran only ablations must not print
+    /// `TC × NaN`).
+    pub(super) fn headline(&self, comparison: &str, rows: &[&str], figures: impl FnOnce() -> String) -> String {
         let missing: Vec<&str> = rows.iter().copied().filter(|r| !self.rows.iter().any(|(l, _)| l == r)).collect();
         if missing.is_empty() {
-            line()
+            format!("{comparison}: {}", figures())
         } else {
             format!(
                 "{comparison}: not measured in this report (missing rows: {}; `--arms` runs them).",
@@ -550,7 +551,7 @@ mod tests {
         );
         assert_eq!(
             t.headline("w/o Efficiency vs GRPO", &["GRPO", "w/o Efficiency"], || "TC × 0.85".to_string()),
-            "TC × 0.85"
+            "w/o Efficiency vs GRPO: TC × 0.85"
         );
         let empty = Table::new(vec![col("tc", "TC", 1.0, 2)]);
         assert_eq!(
