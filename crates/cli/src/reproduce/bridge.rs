@@ -85,17 +85,18 @@ pub fn run(a: Args) -> Result<()> {
         }),
         arm("Decoupled-RL", true, pipeline(Pipeline::DecoupledRl)),
         arm("Decoupled-RAG", true, pipeline(Pipeline::DecoupledRag)),
-        // Estimator rows measure fidelity, time and memory per retriever update: a few steps each
-        // (their policy-side RAG terms teacher-force every candidate of every turn with gradients,
-        // ~10x a BRIDGE step), so their EM is not a like-for-like training comparison.
-        arm("BRIDGE Drop estimator (6 steps)", true, move |c| {
+        // Estimator rows measure fidelity, time and memory per retriever update on two steps
+        // (fidelity on both): their policy-side RAG terms teacher-force every candidate of every
+        // turn with gradients, and the fidelity diagnostic back-propagates all three terms once
+        // more, so their EM is not a like-for-like training comparison.
+        arm("BRIDGE Drop estimator (2 steps)", true, move |c| {
             bridge_of(c).estimator = Estimator::Drop;
-            c.run.steps = steps.min(6);
+            c.run.steps = steps.min(2);
         }),
-        arm("BRIDGE two-state estimator (6 steps)", true, move |c| {
+        arm("BRIDGE two-state estimator (2 steps)", true, move |c| {
             bridge_of(c).estimator = Estimator::TwoState;
-            bridge_of(c).fidelity_every = 2;
-            c.run.steps = steps.min(6);
+            bridge_of(c).fidelity_every = 1;
+            c.run.steps = steps.min(2);
         }),
     ];
     let t0 = std::time::Instant::now();
@@ -161,7 +162,7 @@ pub fn run(a: Args) -> Result<()> {
     let m = |label: &str, key: &str| t.mean(label, key);
     let gain = m("BRIDGE", "multihop_em") - m("GRPO (fixed retriever)", "multihop_em");
     let recall_gain = m("BRIDGE", "recall") - m("GRPO (fixed retriever)", "recall");
-    let two = "BRIDGE two-state estimator (6 steps)";
+    let two = "BRIDGE two-state estimator (2 steps)";
     let mem_ratio = m("BRIDGE", "update_state_bytes") / m(two, "update_state_bytes");
     let rss_ratio = m("BRIDGE", "update_peak_bytes") / m(two, "update_peak_bytes");
     let time_ratio = m("BRIDGE", "update_s") / m(two, "update_s");
