@@ -34,7 +34,8 @@ fn mean_extra(m: &[StepMetrics], key: &str) -> f64 {
 }
 
 /// Seconds per BRIDGE step on 2 cores (policy step plus a retriever update; world v2, AMD EPYC,
-/// measured 158.6 in bench/results/world-v2-speed.json), for the first estimate.
+/// measured 158.6 in bench/results/world-v2-speed.json), for the first estimate; other arms are
+/// priced relative to it (`Arm::costing`).
 const BRIDGE_STEP_S: f64 = 160.0;
 
 pub fn run(a: Args) -> Result<()> {
@@ -82,7 +83,10 @@ pub fn run(a: Args) -> Result<()> {
     let phase = (steps / 2).max(1);
     let pipeline = |p: Pipeline| move |c: &mut TrainConfig| bridge_of(c).pipeline = p;
     let arms = vec![
-        arm("GRPO (fixed retriever)", false, pipeline(Pipeline::Fixed)),
+        // Step costs relative to a BRIDGE step, from world v2 on an Intel Xeon (2 cores): GRPO
+        // 33 s vs BRIDGE 97 s; two-state with fidelity ~1,000 s (four RAG back-propagations over
+        // every candidate), Drop one of those.
+        arm("GRPO (fixed retriever)", false, pipeline(Pipeline::Fixed)).costing(0.35),
         arm("BRIDGE", false, |_| {}),
         // Sequential pipelines get the retriever phase on top of the same policy RL budget.
         arm("RAG-then-RL", true, move |c| {
@@ -104,12 +108,14 @@ pub fn run(a: Args) -> Result<()> {
         arm("BRIDGE Drop estimator (2 steps)", true, move |c| {
             bridge_of(c).estimator = Estimator::Drop;
             c.run.steps = steps.min(2);
-        }),
+        })
+        .costing(3.0),
         arm("BRIDGE two-state estimator (2 steps)", true, move |c| {
             bridge_of(c).estimator = Estimator::TwoState;
             bridge_of(c).fidelity_every = 1;
             c.run.steps = steps.min(2);
-        }),
+        })
+        .costing(10.0),
     ];
     let t0 = std::time::Instant::now();
     let policy = load(&base)?;

@@ -89,12 +89,21 @@ pub(super) struct Arm {
     pub label: &'static str,
     pub ablation: bool,
     pub edit: Box<dyn Fn(&mut TrainConfig)>,
+    /// Its step's cost relative to the method's typical step, for the expected wall time.
+    pub step_cost: f64,
+}
+
+impl Arm {
+    /// Prices this arm's step at `factor` × the method's typical step (first estimate only).
+    pub fn costing(self, factor: f64) -> Arm {
+        Arm { step_cost: factor, ..self }
+    }
 }
 
 /// `label` names the row; it has no comma, since `--arms` is a comma-separated list of labels.
 pub(super) fn arm(label: &'static str, ablation: bool, edit: impl Fn(&mut TrainConfig) + 'static) -> Arm {
     assert!(!label.contains(','), "arm label {label:?}: --arms splits at commas");
-    Arm { label, ablation, edit: Box::new(edit) }
+    Arm { label, ablation, edit: Box::new(edit), step_cost: 1.0 }
 }
 
 pub(super) fn base_config(a: &Args, default: &str) -> Result<TrainConfig> {
@@ -179,6 +188,20 @@ fn selected(arms: &[Arm], a: &Args) -> Result<Vec<bool>> {
     Ok(names.iter().map(|n| a.arms.is_empty() || a.arms.iter().any(|w| slug(w) == *n)).collect())
 }
 
+/// Expected seconds for the runs to train, `todo` = (arm, steps): a timed arm is priced by its own
+/// mean s/step, any other by the method's typical step (the timed runs' mean, each scaled back by
+/// its arm's cost; `typical_step_s` when none is timed) times its arm's cost.
+fn expected_seconds(timed: &[(usize, f64)], todo: &[(usize, u64)], costs: &[f64], typical_step_s: f64) -> f64 {
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let method_s = mean(timed.iter().map(|t| t.1 / costs[t.0]).collect()).unwrap_or(typical_step_s);
+    todo.iter()
+        .map(|&(arm, steps)| {
+            let own = mean(timed.iter().filter(|t| t.0 == arm).map(|t| t.1).collect());
+            own.unwrap_or(method_s * costs[arm]) * steps as f64
+        })
+        .sum()
+}
+
 /// Trains every selected arm for its seeds and evaluates each result with `eval`; arms left out
 /// by `--arms` contribute the seeds an earlier sitting finished. Each arm × seed is a run
 /// directory `runs/reproduce-<method>/<arm>-seed<k>` with checkpoints: a finished one is read
@@ -232,19 +255,12 @@ pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
             plans.push(Plan { arm: i, cfg, dir, done });
         }
     }
-    // Expected wall time: timed runs price their own arm (else the method's mean s/step).
     let timed: Vec<(usize, f64)> =
         plans.iter().filter_map(|p| p.done.as_ref().map(|f| (p.arm, f.wall_s / p.cfg.run.steps as f64))).collect();
-    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
-    let method_s = mean(timed.iter().map(|t| t.1).collect()).unwrap_or(typical_step_s);
     let todo: Vec<&Plan> = plans.iter().filter(|p| chosen[p.arm] && p.done.is_none()).collect();
-    let expected: f64 = todo
-        .iter()
-        .map(|p| {
-            let s = mean(timed.iter().filter(|t| t.0 == p.arm).map(|t| t.1).collect()).unwrap_or(method_s);
-            s * p.cfg.run.steps as f64
-        })
-        .sum();
+    let costs: Vec<f64> = arms.iter().map(|a| a.step_cost).collect();
+    let todo_steps: Vec<(usize, u64)> = todo.iter().map(|p| (p.arm, p.cfg.run.steps)).collect();
+    let expected = expected_seconds(&timed, &todo_steps, &costs, typical_step_s);
     eprintln!(
         "reproduce {method}: {} runs to train ({} finished earlier); expected ≈ {:.0} min on this machine",
         todo.len(),
@@ -507,6 +523,17 @@ pub(super) fn write_outputs(out: &std::path::Path, json: &Value, markdown: &str,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expected_time_prices_untimed_arms_by_their_cost() {
+        // Arms: 0 = cost 0.5, 1 = cost 1, 2 = cost 10. Timed: arm 0 at 40 and 60 s/step, arm 1 at 100.
+        let costs = [0.5, 1.0, 10.0];
+        let timed = [(0, 40.0), (0, 60.0), (1, 100.0)];
+        // Typical step = mean(80, 120, 100) = 100. Arm 0 by its own mean (50 × 8), arm 2 at 10 × 100 × 2.
+        assert_eq!(expected_seconds(&timed, &[(0, 8), (2, 2)], &costs, 160.0), 400.0 + 2000.0);
+        // Nothing timed: the typical step (160) times each arm's cost.
+        assert_eq!(expected_seconds(&[], &[(0, 4), (1, 1)], &costs, 160.0), 320.0 + 160.0);
+    }
 
     #[test]
     fn figures_are_named_after_the_output_so_two_reproductions_keep_their_own() {
