@@ -218,6 +218,6 @@ pub fn run(a: Args) -> Result<()> {
         "steps": steps, "seeds": a.seeds, "ablation_seeds": a.ablation_seeds, "test_questions": qs.len(),
         "seconds": wall_json["seconds"], "sitting_seconds": wall_json["sitting_seconds"], "tables": table, "config": base, "arms": arms_json,
     });
-    let out = a.out.clone().unwrap_or_else(|| PathBuf::from("bench/results/reproduce-bridge.json"));
+    let out = out_path(&a, "bridge");
     write_outputs(&out, &json, &md, &[Figure { suffix: "", alt: "multi-hop EM and recall", svg }])
 }

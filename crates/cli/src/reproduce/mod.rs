@@ -71,7 +71,9 @@ pub struct Args {
     /// Where the runs go: one directory per arm × seed under `<runs>/reproduce-<method>/`.
     #[arg(long, default_value = "runs")]
     pub runs: PathBuf,
-    /// Where the JSON goes (the Markdown report and SVGs go beside it).
+    /// Where the JSON goes (default bench/results/reproduce-<method>.json; the Markdown report
+    /// and SVGs go beside it). A report holding rows whose runs are not under --runs is never
+    /// overwritten: the sitting stops before training and names them.
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -255,6 +257,22 @@ pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
             plans.push(Plan { arm: i, cfg, dir, done });
         }
     }
+    let kept: Vec<(&str, u64)> = plans
+        .iter()
+        .filter(|p| p.done.is_some() || chosen[p.arm])
+        .map(|p| (arms[p.arm].label, p.cfg.run.seed))
+        .collect();
+    let out = out_path(a, method);
+    let lost = rows_lost(&out, &kept)?;
+    if !lost.is_empty() {
+        anyhow::bail!(
+            "{}: holds rows this sitting would not write ({}): their runs are not under {}. Write this sitting's report elsewhere with --out, or move {} away to replace it",
+            out.display(),
+            lost.join(", "),
+            a.runs.join(format!("reproduce-{method}")).display(),
+            out.display()
+        );
+    }
     let timed: Vec<(usize, f64)> =
         plans.iter().filter_map(|p| p.done.as_ref().map(|f| (p.arm, f.wall_s / p.cfg.run.steps as f64))).collect();
     let todo: Vec<&Plan> = plans.iter().filter(|p| chosen[p.arm] && p.done.is_none()).collect();
@@ -350,6 +368,33 @@ pub(super) fn wall_line(arms_json: &Value, sitting: std::time::Instant) -> (Stri
         format!("Wall time {total:.0} s over all sittings ({this:.0} s in this one)."),
         json!({"seconds": total, "sitting_seconds": this}),
     )
+}
+
+/// Where a reproduction's JSON goes: `--out`, else `bench/results/reproduce-<method>.json`.
+pub(super) fn out_path(a: &Args, method: &str) -> PathBuf {
+    a.out.clone().unwrap_or_else(|| PathBuf::from(format!("bench/results/reproduce-{method}.json")))
+}
+
+/// The arm × seed rows of the report at `out` that a report made of `kept` would drop: an
+/// earlier sitting's rows whose runs are not here (another machine, another `--runs`), which
+/// overwriting the report would lose.
+fn rows_lost(out: &Path, kept: &[(&str, u64)]) -> Result<Vec<String>> {
+    if !out.exists() {
+        return Ok(vec![]);
+    }
+    let text = std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
+    let old: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a reproduce report; move it away or pass another --out", out.display()))?;
+    let mut lost = vec![];
+    for (label, arm) in old["arms"].as_object().into_iter().flatten() {
+        for seed in arm["seeds"].as_array().into_iter().flatten().filter_map(Value::as_u64) {
+            if !kept.contains(&(label.as_str(), seed)) {
+                lost.push(format!("{label} seed {seed}"));
+            }
+        }
+    }
+    lost.sort();
+    Ok(lost)
 }
 
 /// The run directory of an arm × seed.
@@ -533,6 +578,23 @@ mod tests {
         assert_eq!(expected_seconds(&timed, &[(0, 8), (2, 2)], &costs, 160.0), 400.0 + 2000.0);
         // Nothing timed: the typical step (160) times each arm's cost.
         assert_eq!(expected_seconds(&[], &[(0, 4), (1, 1)], &costs, 160.0), 320.0 + 160.0);
+    }
+
+    #[test]
+    fn a_report_is_not_overwritten_by_one_missing_its_rows() {
+        let dir = std::env::temp_dir().join(format!("knowrl-rows-lost-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("reproduce-bridge.json");
+        // No report yet: nothing to lose.
+        assert!(rows_lost(&out, &[]).unwrap().is_empty());
+        let report = json!({"arms": {"GRPO": {"seeds": [1, 2]}, "BRIDGE": {"seeds": [1]}}});
+        std::fs::write(&out, report.to_string()).unwrap();
+        assert!(rows_lost(&out, &[("GRPO", 1), ("GRPO", 2), ("BRIDGE", 1), ("RL-then-RAG", 1)]).unwrap().is_empty());
+        assert_eq!(rows_lost(&out, &[("GRPO", 1), ("RL-then-RAG", 1)]).unwrap(), ["BRIDGE seed 1", "GRPO seed 2"]);
+        std::fs::write(&out, "{ truncated").unwrap();
+        let e = rows_lost(&out, &[]).unwrap_err().to_string();
+        assert!(e.contains("reproduce-bridge.json: not a reproduce report"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
