@@ -184,16 +184,21 @@ pub fn run(a: Args) -> Result<()> {
     let mem_ratio = m("BRIDGE", "update_state_bytes") / m(two, "update_state_bytes");
     let rss_ratio = m("BRIDGE", "update_peak_bytes") / m(two, "update_peak_bytes");
     let time_ratio = m("BRIDGE", "update_s") / m(two, "update_s");
-    md += &format!(
-        "\n## Estimator fidelity (vs the two-state estimator, on the two-state run's batches)\n\n| estimator | cosine | relative error |\n|---|---|---|\n| BRIDGE | {:.3} | {:.3} |\n| Drop | {:.3} | {:.3} |\n\nMeans over the batches with an RL gradient ({}); left out, those with every advantage zero ({}): BRIDGE's gradient is 0 there (relative error 1 by construction) and the two-state reference is the difference of the two RAG terms alone, rounding-sized while both retriever states have seen only such batches (Adam moves them alike), which leaves the ratios meaningless.\n",
-        m(two, "fidelity_cos_bridge"), m(two, "fidelity_relerr_bridge"), m(two, "fidelity_cos_drop"), m(two, "fidelity_relerr_drop"),
-        m(two, "fidelity_batches"), m(two, "fidelity_batches_without_rl")
-    );
-    md += &format!(
-        "\n## Retriever update cost\n\n| run | s / update | state held (KB) | peak RSS above baseline (MB) |\n|---|---|---|---|\n| BRIDGE (single state) | {:.3} | {:.1} | {:.2} |\n| two-state | {:.3} | {:.1} | {:.2} |\n\nState held = adapter values + gradients + Adam moments (+ the second state and its ρ for two-state) + retrieval logs. The RSS peak is measured (VmHWM reset per update) but on the world's 96-d encoder the update allocates less than the allocator's granularity, so the state bytes are the comparable figure here.\n",
-        m("BRIDGE", "update_s"), m("BRIDGE", "update_state_bytes") / 1e3, m("BRIDGE", "update_peak_bytes") / 1e6,
-        m(two, "update_s"), m(two, "update_state_bytes") / 1e3, m(two, "update_peak_bytes") / 1e6
-    );
+    // A sitting without the rows a section compares (`--arms`) leaves the section out, not NaN.
+    if t.has(two) {
+        md += &format!(
+            "\n## Estimator fidelity (vs the two-state estimator, on the two-state run's batches)\n\n| estimator | cosine | relative error |\n|---|---|---|\n| BRIDGE | {:.3} | {:.3} |\n| Drop | {:.3} | {:.3} |\n\nMeans over the batches with an RL gradient ({}); left out, those with every advantage zero ({}): BRIDGE's gradient is 0 there (relative error 1 by construction) and the two-state reference is the difference of the two RAG terms alone, rounding-sized while both retriever states have seen only such batches (Adam moves them alike), which leaves the ratios meaningless.\n",
+            m(two, "fidelity_cos_bridge"), m(two, "fidelity_relerr_bridge"), m(two, "fidelity_cos_drop"), m(two, "fidelity_relerr_drop"),
+            m(two, "fidelity_batches"), m(two, "fidelity_batches_without_rl")
+        );
+    }
+    if t.has("BRIDGE") || t.has(two) {
+        md += &format!(
+            "\n## Retriever update cost\n\n| run | s / update | state held (KB) | peak RSS above baseline (MB) |\n|---|---|---|---|\n| BRIDGE (single state) | {:.3} | {:.1} | {:.2} |\n| two-state | {:.3} | {:.1} | {:.2} |\n\nState held = adapter values + gradients + Adam moments (+ the second state and its ρ for two-state) + retrieval logs. The RSS peak is measured (VmHWM reset per update) but on the world's 96-d encoder the update allocates less than the allocator's granularity, so the state bytes are the comparable figure here.\n",
+            m("BRIDGE", "update_s"), m("BRIDGE", "update_state_bytes") / 1e3, m("BRIDGE", "update_peak_bytes") / 1e6,
+            m(two, "update_s"), m(two, "update_state_bytes") / 1e3, m(two, "update_peak_bytes") / 1e6
+        );
+    }
     let (wall, wall_json) = wall_line(&arms_json, t0);
     md += "\n";
     md += &t.headline("BRIDGE vs GRPO with the fixed retriever", &["BRIDGE", "GRPO (fixed retriever)"], || {

@@ -510,6 +510,11 @@ impl Table {
         }
     }
 
+    /// Whether the table has a row `label`.
+    pub(super) fn has(&self, label: &str) -> bool {
+        self.rows.iter().any(|(l, _)| l == label)
+    }
+
     /// The mean over seeds of `label`'s `key` (as stored: scaled); NaN when absent.
     pub(super) fn mean(&self, label: &str, key: &str) -> f64 {
         let (Some(i), Some((_, values))) =
@@ -626,6 +631,7 @@ mod tests {
         assert_eq!(j["GRPO"], serde_json::json!({"em": [50.0, 70.0], "tc": [2.0], "bytes": [10.0]}));
         assert_eq!((t.mean("GRPO", "em"), t.mean("GRPO", "bytes")), (60.0, 10.0));
         assert!(t.mean("GRPO", "nope").is_nan() && t.mean("nobody", "em").is_nan());
+        assert!(t.has("Pretrained") && !t.has("nobody"));
     }
 
     #[test]
