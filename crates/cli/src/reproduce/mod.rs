@@ -499,7 +499,7 @@ impl Table {
     /// comparison and the missing rows (a sitting that ran only ablations must not print
     /// `TC × NaN`).
     pub(super) fn headline(&self, comparison: &str, rows: &[&str], figures: impl FnOnce() -> String) -> String {
-        let missing: Vec<&str> = rows.iter().copied().filter(|r| !self.rows.iter().any(|(l, _)| l == r)).collect();
+        let missing: Vec<&str> = rows.iter().copied().filter(|r| !self.has(r)).collect();
         if missing.is_empty() {
             format!("{comparison}: {}", figures())
         } else {
