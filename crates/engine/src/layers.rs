@@ -97,7 +97,9 @@ impl Linear {
                 // The scale goes on the rank-r activations, not on the [N, out] product: a pass
                 // over N·r floats instead of N·out (exactly the same values when the scale is a
                 // power of two, as PEFT's usual α = 2r is).
-                let delta = (x.linear::<Tensor>(&l.a, None) * l.scale).linear::<Tensor>(&l.b, None);
+                // Through `linear` as the base weight is: a decode step's few rows of the two
+                // rank-r products go to `small_gemm` too, not to MKL (~420 calls a step).
+                let delta = linear(&(linear(&x, &l.a, None) * l.scale), &l.b, None);
                 let delta = if delta.kind() == y.kind() { delta } else { delta.to_kind(y.kind()) };
                 y + delta
             }
