@@ -69,8 +69,9 @@ pub struct Args {
     /// Write the figures here (JSON).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Agent suites: write every trajectory here (JSONL: question, gold, text, answer, queries,
-    /// retrieved ids).
+    /// Write every item's output here (JSONL). Agent suites: question, gold, text, answer,
+    /// queries, retrieved ids. world-scenarios: item id, scenario, variant, question, gold, the
+    /// context's answer, PK-answerable, raw response, extracted answer, correct.
     #[arg(long)]
     pub trajectories: Option<PathBuf>,
 }
@@ -94,6 +95,29 @@ fn dump_trajectories(
         .collect();
     knowrl_engine::fsutil::write_atomic(path, rows.as_bytes())?;
     eprintln!("trajectories: {}", path.display());
+    Ok(())
+}
+
+fn dump_scenario_responses(
+    path: &std::path::Path,
+    items: &[&knowrl_world::suites::ScenarioItem],
+    raw: &[String],
+    answers: &[String],
+) -> Result<()> {
+    let rows: String = items
+        .iter()
+        .zip(raw.iter().zip(answers))
+        .map(|(s, (text, answer))| {
+            json!({"id": s.id, "scenario": s.scenario, "variant": s.variant, "question": s.question,
+                   "golden_answers": s.golden_answers, "context_answer": s.context_answer,
+                   "pk_answerable": s.pk_answerable, "text": text, "answer": answer,
+                   "correct": exact_match(answer, &s.golden_answers)})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    knowrl_engine::fsutil::write_atomic(path, rows.as_bytes())?;
+    eprintln!("responses: {}", path.display());
     Ok(())
 }
 
@@ -152,9 +176,14 @@ pub fn run(a: Args) -> Result<()> {
             let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
             let items = take(scenario_items(&a.world, world_split, &all).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = items.iter().collect();
-            let r = knowrl_eval::scenarios(responder, &refs, |s| {
+            let raw = knowrl_eval::scenario_responses(responder, &refs, |s| {
                 Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
             })?;
+            let answers: Vec<String> = raw.iter().map(|r| extract_answer(r).unwrap_or_default()).collect();
+            if let Some(path) = &a.trajectories {
+                dump_scenario_responses(path, &refs, &raw, &answers)?;
+            }
+            let r = knowrl_eval::score_scenarios(&refs, &answers);
             println!("| scenario | EM | n |\n|---|---|---|");
             for (k, c) in &r.overall {
                 println!("| {k} | {:.3} | {} |", c.rate(), c.n);

@@ -164,12 +164,15 @@ pub fn scenarios_vs_memory(
         });
     }
     let asked: Vec<Prompt> = distinct.iter().map(|s| memory_prompt(s)).collect();
-    let alone = greedy_answers(policy, &asked, 24)?;
+    let alone = greedy_answers(policy, &asked, SCENARIO_MAX_NEW)?;
     let memory: Vec<String> = items.iter().map(|s| alone[first[s.question_id.as_str()]].clone()).collect();
     let mut r = score_scenarios(items, &answers);
     r.follows_memory = score_memory(items, &answers, &memory);
     Ok(r)
 }
+
+/// New tokens of a scenario answer (one `<answer>` span; the world's answers are a few tokens).
+pub const SCENARIO_MAX_NEW: usize = 24;
 
 /// Greedy answers of `policy` under `prompt(item)` for every item, scored.
 pub fn scenarios(
@@ -180,14 +183,24 @@ pub fn scenarios(
     Ok(score_scenarios(items, &scenario_answers(policy, items, prompt)?))
 }
 
+/// Greedy responses (raw text, before answer extraction) of `policy` under `prompt(item)`.
+pub fn scenario_responses(
+    policy: &dyn Responder,
+    items: &[&ScenarioItem],
+    prompt: impl Fn(&ScenarioItem) -> Prompt,
+) -> Result<Vec<String>> {
+    let prompts: Vec<Prompt> = items.iter().map(|s| prompt(s)).collect();
+    policy.responses(&prompts, SCENARIO_MAX_NEW)
+}
+
 /// Greedy answers of `policy` under `prompt(item)` for every item.
 fn scenario_answers(
     policy: &dyn Responder,
     items: &[&ScenarioItem],
     prompt: impl Fn(&ScenarioItem) -> Prompt,
 ) -> Result<Vec<String>> {
-    let prompts: Vec<Prompt> = items.iter().map(|s| prompt(s)).collect();
-    greedy_answers(policy, &prompts, 24)
+    let raw = scenario_responses(policy, items, prompt)?;
+    Ok(raw.iter().map(|r| extract_answer(r).unwrap_or_default()).collect())
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
