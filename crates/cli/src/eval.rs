@@ -82,19 +82,18 @@ fn dump_trajectories(
     golds: &[Vec<String>],
     trajs: &[knowrl_rl::agent::Trajectory],
 ) -> Result<()> {
-    let rows: String = questions
-        .iter()
-        .zip(golds)
-        .zip(trajs)
-        .map(|((q, g), t)| {
-            json!({"question": q, "golden_answers": g, "text": t.text, "answer": t.answer, "queries": t.queries,
-                   "retrieved_ids": t.retrieved_ids, "invalid_actions": t.invalid_actions})
-            .to_string()
-                + "\n"
-        })
-        .collect();
-    knowrl_engine::fsutil::write_atomic(path, rows.as_bytes())?;
-    eprintln!("trajectories: {}", path.display());
+    let rows = questions.iter().zip(golds).zip(trajs).map(|((q, g), t)| {
+        json!({"question": q, "golden_answers": g, "text": t.text, "answer": t.answer, "queries": t.queries,
+               "retrieved_ids": t.retrieved_ids, "invalid_actions": t.invalid_actions})
+    });
+    write_jsonl(path, rows, "trajectories")
+}
+
+/// One JSON object per line, written atomically; `what` names the file on stderr.
+fn write_jsonl(path: &std::path::Path, rows: impl Iterator<Item = Value>, what: &str) -> Result<()> {
+    let text: String = rows.map(|r| r.to_string() + "\n").collect();
+    knowrl_engine::fsutil::write_atomic(path, text.as_bytes())?;
+    eprintln!("{what}: {}", path.display());
     Ok(())
 }
 
@@ -104,21 +103,13 @@ fn dump_scenario_responses(
     raw: &[String],
     answers: &[String],
 ) -> Result<()> {
-    let rows: String = items
-        .iter()
-        .zip(raw.iter().zip(answers))
-        .map(|(s, (text, answer))| {
-            json!({"id": s.id, "scenario": s.scenario, "variant": s.variant, "question": s.question,
-                   "golden_answers": s.golden_answers, "context_answer": s.context_answer,
-                   "pk_answerable": s.pk_answerable, "text": text, "answer": answer,
-                   "correct": exact_match(answer, &s.golden_answers)})
-            .to_string()
-                + "\n"
-        })
-        .collect();
-    knowrl_engine::fsutil::write_atomic(path, rows.as_bytes())?;
-    eprintln!("responses: {}", path.display());
-    Ok(())
+    let rows = items.iter().zip(raw.iter().zip(answers)).map(|(s, (text, answer))| {
+        json!({"id": s.id, "scenario": s.scenario, "variant": s.variant, "question": s.question,
+               "golden_answers": s.golden_answers, "context_answer": s.context_answer,
+               "pk_answerable": s.pk_answerable, "text": text, "answer": answer,
+               "correct": exact_match(answer, &s.golden_answers)})
+    });
+    write_jsonl(path, rows, "responses")
 }
 
 fn take<T>(mut v: Vec<T>, limit: usize) -> Vec<T> {
