@@ -144,7 +144,9 @@ pub fn run(a: Args) -> Result<()> {
         let cfg = shape(name)?;
         let e: Estimate = estimate(&cfg, &workload(&a, true, 4));
         let mut phases = serde_json::Map::new();
-        for (phase, predicted) in [("rollout", e.kv_cache + e.prefill), ("train", e.activations + e.logits)] {
+        for (phase, predicted) in
+            [("rollout", e.kv_cache + e.prefill + e.merged_adapters), ("train", e.activations + e.logits)]
+        {
             eprintln!("{name}: {phase}");
             let out = std::process::Command::new(&exe)
                 .args(["bench", "memory", "--worker", &format!("{name}:{phase}")])

@@ -57,6 +57,8 @@ pub struct DecodeSession<'a> {
     /// fed ones instead of being computed as padding.
     slot: Vec<usize>,
     pad_id: u32,
+    /// The session decodes on LoRA-merged weights (one product per projection, not three).
+    _merged: crate::models::llama::MergedAdapters<'a>,
 }
 
 impl<'a> DecodeSession<'a> {
@@ -71,6 +73,7 @@ impl<'a> DecodeSession<'a> {
             last_logits: None,
             slot: (0..batch).collect(),
             pad_id,
+            _merged: lm.merged_adapters(),
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Estimate {
     pub kv_cache: f64,
     /// The rollout's prefill transient (all rows' prompts through one block at a time).
     pub prefill: f64,
+    /// While decoding: the LoRA-adapted f32 weights merged once more (`DecoderLm::merged_adapters`).
+    pub merged_adapters: f64,
     /// Saved activations of one training micro-batch.
     pub activations: f64,
     /// The LM head's share while scoring: the probabilities kept per token, a chunk in flight.
@@ -123,7 +125,12 @@ pub fn estimate(c: &DecoderConfig, w: &Workload) -> Estimate {
     // log-prob's gradient needs), plus a chunk's logits and log-softmax in flight.
     let logits = (tokens + 2.0 * HEAD_CHUNK.min(tokens)) * c.vocab_size as f64 * 4.0;
     let rollout_logits = 2.0 * w.rollout_rows as f64 * c.vocab_size as f64 * 4.0;
-    let own = (kv_cache + prefill + rollout_logits).max(activations + logits);
+    // Merged only on a 32-bit base: every block's projections, one more copy.
+    let (h, i) = (c.hidden_size as f64, c.intermediate_size as f64);
+    let (q, kv) = ((c.num_heads * c.head_dim) as f64, (c.num_kv_heads * c.head_dim) as f64);
+    let projections = c.num_layers as f64 * (2.0 * h * q + 2.0 * h * kv + 3.0 * h * i);
+    let merged_adapters = if w.lora_rank.is_some() && w.dtype_bytes == 4 { projections * 4.0 } else { 0.0 };
+    let own = (kv_cache + prefill + merged_adapters + rollout_logits).max(activations + logits);
     Estimate {
         parameters: p,
         trainable_parameters: trainable,
@@ -132,6 +139,7 @@ pub fn estimate(c: &DecoderConfig, w: &Workload) -> Estimate {
         reference,
         kv_cache,
         prefill,
+        merged_adapters,
         activations,
         logits,
         peak: weights + optimiser + reference + own,

@@ -33,19 +33,26 @@ fn recomputed_logprobs(p: &Policy, prompt: &[u32], gen: &[u32], temperature: f64
         .collect()
 }
 
+/// Each greedy token is the argmax of the logits recomputed without a cache.
+fn assert_greedy_is_uncached_argmax(p: &Policy, gens: &[knowrl_engine::generate::Generation], label: &str) {
+    for (pr, g) in prompts().iter().zip(gens) {
+        let seq = [pr.as_slice(), &g.tokens].concat();
+        let logits = full_logits(&p.lm, &[seq]).get(0);
+        for t in 0..g.tokens.len() {
+            let arg = logits.get((pr.len() + t - 1) as i64).argmax(-1, false).int64_value(&[]);
+            assert_eq!(arg as u32, g.tokens[t], "{label}: step {t}");
+        }
+    }
+}
+
 #[test]
 fn cached_generation_equals_uncached_recomputation() {
     for mt in ["llama", "qwen2", "qwen3"] {
         let p = tiny(mt);
         // Greedy: each token is the argmax of the uncached logits, log-probs agree.
         let gens = generate(&p.lm, None, &prompts(), &SamplingParams::greedy(12), &[0, 0, 0], &[], 0).unwrap();
+        assert_greedy_is_uncached_argmax(&p, &gens, mt);
         for (pr, g) in prompts().iter().zip(&gens) {
-            let seq = [pr.as_slice(), &g.tokens].concat();
-            let logits = full_logits(&p.lm, &[seq]).get(0);
-            for t in 0..g.tokens.len() {
-                let arg = logits.get((pr.len() + t - 1) as i64).argmax(-1, false).int64_value(&[]);
-                assert_eq!(arg as u32, g.tokens[t], "{mt}: step {t}");
-            }
             let lp = recomputed_logprobs(&p, pr, &g.tokens, 1.0);
             for (a, b) in lp.iter().zip(&g.logprobs) {
                 assert!((a - b).abs() < 1e-4, "{mt}: {a} vs {b}");
@@ -208,4 +215,82 @@ fn finished_rows_leave_the_batch_and_the_rest_generate_as_if_alone() {
             assert!((a - b).abs() < 1e-4, "row {r}: {a} vs {b}");
         }
     }
+}
+
+/// A tiny Llama with a LoRA on every projection whose B is not zero (so the adapter matters).
+fn tiny_with_lora() -> Policy {
+    let lora = lora_on_every_projection(4);
+    let mut p = tiny("llama");
+    let cfg = p.lm.cfg.clone();
+    p = Policy::random(&cfg, &LoadOptions { lora: Some(lora), ..Default::default() }, 11);
+    tch::manual_seed(5);
+    for (n, t) in p.trainable_parameters() {
+        if n.contains("lora_B") {
+            tch::no_grad(|| t.shallow_clone().copy_(&(t.randn_like() * 0.3)));
+        }
+    }
+    p
+}
+
+/// Logits of the prompts with every adapter off (the base model).
+fn adapters_off_logits(p: &Policy) -> tch::Tensor {
+    let batch = knowrl_engine::score::PackedBatch::new(&prompts(), p.lm.device());
+    let h = tch::no_grad(|| {
+        p.lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, knowrl_engine::Mode::REFERENCE)
+    });
+    p.lm.logits(&h)
+}
+
+/// A decode session runs on LoRA-merged weights (one product per projection instead of
+/// three); its greedy tokens and sampled log-probs are those of the adapter's own path,
+/// recomputed without a cache and without the merge.
+#[test]
+fn generation_on_merged_lora_equals_the_adapter_path() {
+    let p = tiny_with_lora();
+    let base = full_logits(&p.lm, &prompts());
+    let gens = generate(&p.lm, None, &prompts(), &SamplingParams::greedy(12), &[0, 0, 0], &[], 0).unwrap();
+    assert_greedy_is_uncached_argmax(&p, &gens, "merged LoRA");
+    let params = SamplingParams { temperature: 0.7, max_new_tokens: 10, ..Default::default() };
+    for (pr, g) in prompts().iter().zip(generate(&p.lm, None, &prompts(), &params, &[1, 2, 3], &[], 0).unwrap()) {
+        for (a, b) in recomputed_logprobs(&p, pr, &g.tokens, 0.7).iter().zip(&g.logprobs) {
+            assert!((a - b).abs() < 1e-4, "sampled: {a} vs {b}");
+        }
+    }
+    // The adapter moves the logits: the comparisons above could tell the paths apart.
+    let moved = (&base - adapters_off_logits(&p)).abs().max().double_value(&[]);
+    assert!(moved > 0.1, "the adapter moves the logits by {moved}");
+    // The session's scope is closed: inference forwards run the adapter path again.
+    assert!(full_logits(&p.lm, &prompts()).allclose(&base, 1e-6, 1e-6, false));
+}
+
+/// Inside a merged scope, inference forwards use the weights merged when it opened (proved by
+/// changing B in place: they do not see it), forwards that need a gradient take the adapter
+/// path, and closing the last of nested scopes drops the merge.
+#[test]
+fn merged_scope_serves_inference_only_and_ends_with_the_last_scope() {
+    let p = tiny_with_lora();
+    let before = full_logits(&p.lm, &prompts());
+    let outer = p.lm.merged_adapters();
+    let inner = p.lm.merged_adapters();
+    let merged = full_logits(&p.lm, &prompts());
+    assert!(merged.allclose(&before, 1e-5, 1e-5, false), "merged = adapter path");
+    let b: Vec<tch::Tensor> =
+        p.trainable_parameters().into_iter().filter(|(n, _)| n.contains("lora_B")).map(|(_, t)| t).collect();
+    let saved: Vec<tch::Tensor> = b.iter().map(|t| t.detach().copy()).collect();
+    b.iter().for_each(|t| {
+        let _ = tch::no_grad(|| t.shallow_clone().zero_());
+    });
+    assert!(full_logits(&p.lm, &prompts()).allclose(&merged, 1e-6, 1e-6, false), "still the merged weights");
+    // A forward that needs a gradient sees the live adapter (B = 0 now: the base's output).
+    let batch = knowrl_engine::score::PackedBatch::new(&prompts(), p.lm.device());
+    let h = p.lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, knowrl_engine::Mode::TRAIN);
+    assert!(h.requires_grad());
+    let base = adapters_off_logits(&p);
+    assert!(p.lm.logits(&h).detach().allclose(&base, 1e-5, 1e-5, false), "training forward on the live weights");
+    drop(inner);
+    assert!(full_logits(&p.lm, &prompts()).allclose(&merged, 1e-6, 1e-6, false), "outer scope still open");
+    drop(outer);
+    assert!(full_logits(&p.lm, &prompts()).allclose(&base, 1e-5, 1e-5, false), "scope closed: live weights");
+    b.iter().zip(&saved).for_each(|(t, s)| tch::no_grad(|| t.shallow_clone().copy_(s)));
+    assert!(full_logits(&p.lm, &prompts()).allclose(&before, 1e-6, 1e-6, false));
 }

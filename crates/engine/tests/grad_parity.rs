@@ -112,14 +112,7 @@ fn check_case(model_type: &str, lora: Option<LoraConfig>, dir: &Path) -> Value {
 fn gradients_match_pytorch_in_float64() {
     tch::set_num_threads(2);
     let root = tmpdir("grads");
-    let lora = LoraConfig {
-        rank: 4,
-        alpha: 8.0,
-        dropout: 0.0,
-        target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-            .map(String::from)
-            .to_vec(),
-    };
+    let lora = lora_on_every_projection(4);
     let mut jobs = vec![];
     let mut dirs = vec![];
     for mt in ["llama", "qwen2", "qwen3"] {

@@ -318,6 +318,7 @@ fn log_turns(
     // B2: log p_θ(y | h, d) for every candidate, teacher-forced, no gradient.
     let all: Vec<&Sequence> = out.iter().flat_map(|t| t.docs.iter()).collect();
     let mut lp = vec![];
+    let _merged = ctx.policy.lm.merged_adapters();
     for mb in all.chunks(ctx.micro_batch.max(1) * 4) {
         let reqs: Vec<ScoreRequest> = mb.iter().map(|r| r.request(true)).collect();
         let s = tch::no_grad(|| score(&ctx.policy.lm, &reqs, 1.0, Mode::EVAL));

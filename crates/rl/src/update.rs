@@ -119,6 +119,8 @@ pub fn score_old(
     micro_batch: usize,
 ) {
     let temp = temperature.max(1e-6);
+    // One product per projection: the adapters merged for the pass (no step falls inside).
+    let _merged = policy.lm.merged_adapters();
     let mut todo: Vec<&mut PgRow> =
         rows.iter_mut().zip(on_policy).filter(|(r, &fresh)| !fresh && carries(alg, r)).map(|(r, _)| r).collect();
     tch::no_grad(|| {

@@ -342,6 +342,22 @@ pub struct DecoderLm {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     inv_freq: Tensor,
+    /// Open [`MergedAdapters`] scopes: the first merges every adapter, the last unmerges.
+    merge_scopes: std::sync::atomic::AtomicUsize,
+}
+
+/// While alive, inference forwards of the model run on LoRA-merged weights (see
+/// [`Linear::merge_adapter`]); made by [`DecoderLm::merged_adapters`]. Scopes nest.
+pub struct MergedAdapters<'a> {
+    lm: &'a DecoderLm,
+}
+
+impl Drop for MergedAdapters<'_> {
+    fn drop(&mut self) {
+        if self.lm.merge_scopes.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            self.lm.linears().for_each(Linear::unmerge_adapter);
+        }
+    }
 }
 
 impl DecoderLm {
@@ -371,7 +387,27 @@ impl DecoderLm {
         let lm_head = (!cfg.tie_word_embeddings)
             .then(|| Linear::new(root, "lm_head", (cfg.hidden_size, cfg.vocab_size), false, None, random));
         let inv_freq = Tensor::from_slice(&rope_inv_freq(cfg)).to_device(root.device());
-        DecoderLm { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq }
+        DecoderLm { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, inv_freq, merge_scopes: Default::default() }
+    }
+
+    /// Opens a scope in which forwards that need no gradient use W + scale·B·A for every
+    /// LoRA-adapted f32 weight: one product per projection instead of three. The weights are
+    /// those of the moment the first scope opens, so no optimiser step may fall inside one
+    /// (a decode session is one; the trainer steps after its rollout's session is gone). Costs
+    /// one copy of the adapted weights while open.
+    pub fn merged_adapters(&self) -> MergedAdapters<'_> {
+        if self.merge_scopes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.linears().for_each(Linear::merge_adapter);
+        }
+        MergedAdapters { lm: self }
+    }
+
+    /// Every projection of every block.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        self.layers.iter().flat_map(|l| {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
+        })
     }
 
     pub fn device(&self) -> tch::Device {

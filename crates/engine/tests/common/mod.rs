@@ -143,3 +143,15 @@ pub fn fuzz<E: std::fmt::Display>(
     }
     (inputs.len(), rejected)
 }
+
+/// A LoRA of `rank` (alpha 2·rank) on all seven projections of every block.
+pub fn lora_on_every_projection(rank: i64) -> knowrl_engine::LoraConfig {
+    knowrl_engine::LoraConfig {
+        rank,
+        alpha: 2.0 * rank as f64,
+        dropout: 0.0,
+        target_modules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+            .map(String::from)
+            .to_vec(),
+    }
+}
