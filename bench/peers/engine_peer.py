@@ -7,6 +7,7 @@ import statistics
 import time
 
 import torch
+import transformers
 from transformers import AutoModelForCausalLM
 
 ap = argparse.ArgumentParser()
@@ -15,11 +16,19 @@ ap.add_argument("--model", required=True)
 ap.add_argument("--inputs", required=True)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--device", default="cpu")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 inputs = json.load(open(a.inputs))
 dtype = torch.bfloat16 if a.task.endswith("bf16") else torch.float32
-model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
+model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype).to(a.device)
+
+
+def sync():
+    if a.device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 secs = []
 
 if a.task.startswith("generate"):
@@ -28,8 +37,8 @@ if a.task.startswith("generate"):
     n_new = inputs["max_new_tokens"]
     width = max(map(len, prompts))
     pad = model.config.eos_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=a.device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=a.device)
 
     def run(n):
         with torch.inference_mode():
@@ -38,14 +47,16 @@ if a.task.startswith("generate"):
 
     run(4)
     for _ in range(a.repeats):
+        sync()
         t0 = time.perf_counter()
         out = run(n_new)
+        sync()
         secs.append(time.perf_counter() - t0)
         assert out.shape[1] == width + n_new
     count = len(prompts) * n_new
 else:
     model.train()
-    seqs = torch.tensor(inputs["train"])
+    seqs = torch.tensor(inputs["train"], device=a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     for i in range(a.repeats + 1):
         t0 = time.perf_counter()
@@ -56,6 +67,7 @@ else:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         if i > 0:
             secs.append(time.perf_counter() - t0)
     count = seqs.numel()
@@ -63,4 +75,5 @@ else:
 med = statistics.median(secs)
 print(json.dumps({"task": a.task, "seconds": secs, "median_seconds": med, "tokens": count,
                   "tokens_per_s": count / med, "threads": torch.get_num_threads(),
+                  "versions": f"transformers {transformers.__version__}, torch {torch.__version__}",
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))

@@ -56,6 +56,9 @@ pub struct EngineArgs {
     /// Python with torch + transformers (default: $KNOWRL_PYTHON or .venv/bin/python).
     #[arg(long)]
     pub python: Option<PathBuf>,
+    /// Device of both sides: cpu, cuda or cuda:N (threads then only drive the host side).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 #[derive(clap::Args)]
@@ -68,6 +71,8 @@ pub struct WorkerArgs {
     pub inputs: PathBuf,
     #[arg(long)]
     pub repeats: usize,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 const TASKS: [&str; 3] = ["generate-f32", "generate-bf16", "train-f32"];
@@ -136,7 +141,13 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
     let inputs: Value = serde_json::from_str(&std::fs::read_to_string(&a.inputs)?)?;
     let ids = |k: &str| -> Vec<Vec<u32>> { serde_json::from_value(inputs[k].clone()).unwrap() };
     let dtype = if a.task.ends_with("bf16") { Kind::BFloat16 } else { Kind::Float };
-    let policy = Policy::load(&a.model, &LoadOptions { dtype, ..Default::default() })?;
+    let device = knowrl_engine::device::parse_device(&a.device)?;
+    let policy = Policy::load(&a.model, &LoadOptions { device, dtype, ..Default::default() })?;
+    let sync = || {
+        if let tch::Device::Cuda(n) = device {
+            tch::Cuda::synchronize(n as i64);
+        }
+    };
     let mut secs = vec![];
     let mut breakdown = Value::Null;
     let (unit, count) = if a.task.starts_with("generate") {
@@ -153,6 +164,7 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
             let rows: Vec<usize> = (0..prompts.len()).collect();
             let mut rngs: Vec<Rng> = seeds.iter().map(|&x| Rng::new(x)).collect();
             let g = s.generate(&rows, &vec![params.clone(); rows.len()], &mut rngs, None, &[])?;
+            sync();
             secs.push(t0.elapsed().as_secs_f64());
             breakdown =
                 json!({"forward_s": s.stats.forward_s, "sample_s": s.stats.sample_s, "forwards": s.stats.forwards});
@@ -172,6 +184,7 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
             loss.backward();
             opt.clip_grad_norm(1.0);
             opt.step(1e-5);
+            sync();
             if i > 0 {
                 secs.push(t0.elapsed().as_secs_f64()); // step 0 is warm-up
             }
@@ -222,7 +235,7 @@ fn engine(a: EngineArgs) -> Result<()> {
                     .arg(&model)
                     .arg("--inputs")
                     .arg(&inputs)
-                    .args(["--repeats", &a.repeats.to_string()]),
+                    .args(["--repeats", &a.repeats.to_string(), "--device", &a.device]),
                 &format!("knowrl worker {task}"),
             )?);
             bar.inc(1);
@@ -237,6 +250,8 @@ fn engine(a: EngineArgs) -> Result<()> {
                         &a.bench_threads.to_string(),
                         "--repeats",
                         &a.repeats.to_string(),
+                        "--device",
+                        &a.device,
                     ])
                     .arg("--model")
                     .arg(&model)
@@ -267,8 +282,8 @@ fn engine(a: EngineArgs) -> Result<()> {
         "model": model.file_name().map(|s| s.to_string_lossy().to_string()),
         "settings": {"generate": format!("{GEN_BATCH} ragged chat prompts, {GEN_TOKENS} new tokens, temperature 1.0, eos off"),
                      "train": format!("micro-batch {TRAIN_BATCH} x {TRAIN_LEN} tokens, fwd+bwd+clip+AdamW, f32"),
-                     "threads": a.bench_threads, "repeats": a.repeats, "rounds": a.rounds,
-                     "peers": "transformers 5.23.0 generate(); plain PyTorch 2.11.0 loop"},
+                     "threads": a.bench_threads, "device": a.device, "repeats": a.repeats, "rounds": a.rounds,
+                     "peers": format!("generate() and a plain PyTorch loop: {}", results["generate-f32"]["peer"]["runs"][0]["versions"].as_str().unwrap_or("?"))},
         "machine": crate::bench_env::machine(),
         "tasks": results,
     });
