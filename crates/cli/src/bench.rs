@@ -143,11 +143,7 @@ fn worker(a: &WorkerArgs) -> Result<Value> {
     let dtype = if a.task.ends_with("bf16") { Kind::BFloat16 } else { Kind::Float };
     let device = knowrl_engine::device::parse_device(&a.device)?;
     let policy = Policy::load(&a.model, &LoadOptions { device, dtype, ..Default::default() })?;
-    let sync = || {
-        if let tch::Device::Cuda(n) = device {
-            tch::Cuda::synchronize(n as i64);
-        }
-    };
+    let sync = || knowrl_engine::device::synchronize(device);
     let mut secs = vec![];
     let mut breakdown = Value::Null;
     let (unit, count) = if a.task.starts_with("generate") {

@@ -102,7 +102,7 @@ pub fn run(a: Args) -> Result<()> {
         opt.clip_grad_norm(1.0);
         opt.step(1e-6);
         opt.zero_grad();
-        sync(device);
+        knowrl_engine::device::synchronize(device);
         t2.elapsed().as_secs_f64()
     };
     let update_first_s = update();
@@ -183,12 +183,6 @@ fn decode_parity(cpu: &Policy, dev: &Policy) -> Result<serde_json::Value> {
               "rows": prompts.len(), "new_tokens": 24}))
 }
 
-fn sync(device: tch::Device) {
-    if let tch::Device::Cuda(n) = device {
-        tch::Cuda::synchronize(n as i64);
-    }
-}
-
 /// Samples `new_tokens` per row (temperature 1, eos off) after a 4-token warm-up: the outputs,
 /// seconds and the session's forward / sampling split.
 fn timed_generate(
@@ -206,7 +200,7 @@ fn timed_generate(
             s.append(prompts)?;
             Ok(s.generate(&rows, &vec![params; rows.len()], &mut rngs, None, &[])?)
         })?;
-        sync(p.lm.device());
+        knowrl_engine::device::synchronize(p.lm.device());
         Ok((gens, t0.elapsed().as_secs_f64(), s.stats.clone()))
     };
     run(4)?;

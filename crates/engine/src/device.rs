@@ -28,6 +28,14 @@ fn cuda(n: usize) -> Result<Device> {
     Ok(Device::Cuda(n))
 }
 
+/// Waits for the device's queued work (a no-op on the CPU), so a host clock read after it times
+/// the work and not only its launches.
+pub fn synchronize(device: Device) {
+    if let Device::Cuda(n) = device {
+        tch::Cuda::synchronize(n as i64);
+    }
+}
+
 /// "f32" / "float32", "bf16" / "bfloat16", "f16" / "float16".
 pub fn parse_dtype(s: &str) -> Result<Kind> {
     match s {

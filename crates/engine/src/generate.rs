@@ -243,9 +243,7 @@ impl<'a> DecodeSession<'a> {
         });
         self.stats.forwards += 1;
         self.stats.rows_computed += k;
-        if let tch::Device::Cuda(n) = self.lm.device() {
-            tch::Cuda::synchronize(n as i64); // so forward_s holds the GPU's time, not its launches
-        }
+        crate::device::synchronize(self.lm.device()); // forward_s: the GPU's time, not its launches
         self.stats.forward_s += t0.elapsed().as_secs_f64();
     }
 
