@@ -17,8 +17,9 @@ pub struct LoadOptions {
     pub dtype: Kind,
     pub lora: Option<LoraConfig>,
     /// Seeds the draw of a fresh LoRA's A matrices (kaiming-uniform, as PEFT): `load` reseeds
-    /// libtorch's generator with it before building, so two processes with the same seed start
-    /// from the same adapter. Weights read from files do not depend on it.
+    /// libtorch's generator with it before building, so two processes with the same seed and
+    /// device start from the same adapter (CPU and CUDA draw from different generators, so a CPU
+    /// and a CUDA run of one seed do not). Weights read from files do not depend on it.
     pub seed: i64,
 }
 
