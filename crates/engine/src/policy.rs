@@ -102,6 +102,8 @@ impl Policy {
     }
 
     /// A randomly initialised model (tests, benchmarks), seeded through libtorch's generator.
+    /// That generator is process-wide: another thread drawing from it while this one builds
+    /// changes the weights, so equal seeds give equal models only without concurrent draws.
     pub fn random(cfg: &DecoderConfig, opts: &LoadOptions, seed: i64) -> Policy {
         tch::manual_seed(seed);
         let (vs, lm) = build(opts, |root| DecoderLm::new(root, cfg, opts.lora.as_ref(), true));

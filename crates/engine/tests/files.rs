@@ -139,17 +139,25 @@ fn checkpoints_resume_bit_identically_and_detect_corruption() {
     let root = tmpdir("ckpt");
     let lora = LoraConfig { rank: 2, alpha: 4.0, dropout: 0.0, target_modules: vec!["q_proj".into(), "v_proj".into()] };
     // Run A: 4 steps straight. Run B: 2 steps, checkpoint, fresh process state, load, 2 steps.
+    // All three start from one set of weights copied in, not from a seed: the tests of this
+    // binary run in parallel and draw from libtorch's process-wide generator.
     let a = tiny_policy(Some(lora.clone()));
+    let init: Vec<Tensor> = a.parameters().iter().map(|(_, t)| t.detach().copy()).collect();
+    let same_start = || {
+        let p = tiny_policy(Some(lora.clone()));
+        tch::no_grad(|| p.parameters().iter().zip(&init).for_each(|((_, t), w)| t.shallow_clone().copy_(w)));
+        p
+    };
     let mut oa = AdamW::new(a.trainable_parameters(), AdamWConfig::default());
     train_steps(&a, &mut oa, 4);
 
-    let b = tiny_policy(Some(lora.clone()));
+    let b = same_start();
     let mut ob = AdamW::new(b.trainable_parameters(), AdamWConfig::default());
     train_steps(&b, &mut ob, 2);
     let dir = checkpoint::save(&root, 2, &b.trainable_parameters(), &ob, &json!({"rng": [1, 2]}), &[]).unwrap();
     assert_eq!(checkpoint::latest(&root).unwrap().unwrap(), dir);
 
-    let c = tiny_policy(Some(lora));
+    let c = same_start();
     let mut oc = AdamW::new(c.trainable_parameters(), AdamWConfig::default());
     let (step, state) = checkpoint::load(&dir, &c.trainable_parameters(), &mut oc).unwrap();
     assert_eq!((step, state), (2, json!({"rng": [1, 2]})));
