@@ -74,8 +74,8 @@ pub fn run(a: Args) -> Result<()> {
     let new_tokens: usize = gens.iter().map(|g| g.tokens.len()).sum();
     let gen_tps = new_tokens as f64 / gen_s;
     println!(
-        "generation: {gen_tps:.0} new tokens/s (64 rows, bf16; forward {:.2} s, sampling {:.2} s)",
-        gen_stats.forward_s, gen_stats.sample_s
+        "generation: {gen_tps:.0} new tokens/s (64 rows, bf16; forward {:.2} s of which launching {:.2} s, sampling {:.2} s)",
+        gen_stats.forward_s, gen_stats.launch_s, gen_stats.sample_s
     );
     drop((cpu, dev));
 
@@ -123,10 +123,11 @@ pub fn run(a: Args) -> Result<()> {
         },
     );
     println!(
-        "step ({}, LoRA r16, bf16): load {load_s:.1} s, rollout {rollout_s:.1} s (forward {:.1}, sampling {:.1}), \
+        "step ({}, LoRA r16, bf16): load {load_s:.1} s, rollout {rollout_s:.1} s (forward {:.1} of which launching {:.1}, sampling {:.1}), \
          update {update_s:.1} s (first {update_first_s:.1}); predicted peak {:.1} GB",
         a.shape,
         rollout_stats.forward_s,
+        rollout_stats.launch_s,
         rollout_stats.sample_s,
         predicted.peak / 1e9
     );
@@ -136,11 +137,13 @@ pub fn run(a: Args) -> Result<()> {
                    "response_tokens": response.len(), "mean_logprob": mean_ref, "reference": "cpu f32", "tested": "bf16 (max_abs_logprob_diff) and f32 on the device"},
         "decode_parity": decode,
         "generation": {"rows": 64, "max_new_tokens": 128, "new_tokens_per_s": gen_tps, "dtype": "bf16",
-                       "forward_s": gen_stats.forward_s, "sample_s": gen_stats.sample_s, "warm_up": "4 tokens"},
+                       "forward_s": gen_stats.forward_s, "forward_launch_s": gen_stats.launch_s, "sample_s": gen_stats.sample_s,
+                       "warm_up": "4 tokens"},
         "grpo_step": {"shape": a.shape, "rows": a.rows, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens,
                       "micro_batch": a.micro_batch, "load_s": load_s, "rollout_s": rollout_s, "update_s": update_s,
                       "update_first_s": update_first_s, "rollout_forward_s": rollout_stats.forward_s,
-                      "rollout_sample_s": rollout_stats.sample_s, "rollout_forwards": rollout_stats.forwards,
+                      "rollout_forward_launch_s": rollout_stats.launch_s, "rollout_sample_s": rollout_stats.sample_s,
+                      "rollout_forwards": rollout_stats.forwards,
                       "predicted": predicted},
         "two_rank_nccl": "run by scripts/gpu-check on a machine with 2 GPUs (bench/results/data-parallel-nccl.json)",
         "machine": crate::bench_env::machine(),
@@ -150,16 +153,18 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// The KV-cached decode on the device against its own uncached scoring (f32): 4 ragged chat
-/// prompts, 24 sampled tokens each (temperature 1, eos off, the same per-row seeds as the CPU's
-/// run). Scoring has no cache, so equal log-probs check the cache, its masks and positions.
+/// The KV-cached decode on the device against its own uncached scoring (f32): 5 ragged chat
+/// prompts, one of them twice (so the shared prefill copies cache rows), 24 sampled tokens each
+/// (temperature 1, eos off, the same per-row seeds as the CPU's run). Scoring has no cache, so
+/// equal log-probs check the cache, its masks and positions.
 fn decode_parity(cpu: &Policy, dev: &Policy) -> Result<serde_json::Value> {
     let tok = cpu.tokenizer()?;
-    let prompts: Vec<Vec<u32>> =
-        ["Hi.", "Where was Ada Lovelace born?", "Name three rivers in Europe, please, briefly.", "2+2?"]
-            .iter()
-            .map(|q| tok.encode(&tok.apply_chat_template(&[Message::new("user", q)], true)?, false))
-            .collect::<Result<_, _>>()?;
+    let questions =
+        ["Hi.", "Where was Ada Lovelace born?", "Name three rivers in Europe, please, briefly.", "2+2?", "Hi."];
+    let prompts: Vec<Vec<u32>> = questions
+        .iter()
+        .map(|q| tok.encode(&tok.apply_chat_template(&[Message::new("user", q)], true)?, false))
+        .collect::<Result<_, _>>()?;
     let params = SamplingParams { temperature: 1.0, max_new_tokens: 24, ..Default::default() };
     let seeds: Vec<u64> = (0..prompts.len() as u64).collect();
     let run =

@@ -24,8 +24,12 @@ fn bench_gpu_on_the_cpu_checks_parity_and_decode_and_writes_its_keys() {
     let d = &r["decode_parity"];
     assert!(d["max_abs_logprob_diff_cached_vs_scored"].as_f64().unwrap() < 1e-3, "{d}");
     assert_eq!(d["rows_same_tokens_as_cpu"], d["rows"], "{d}");
-    for k in ["rollout_s", "update_s", "update_first_s", "rollout_forward_s", "rollout_sample_s"] {
+    for k in
+        ["rollout_s", "update_s", "update_first_s", "rollout_forward_s", "rollout_forward_launch_s", "rollout_sample_s"]
+    {
         assert!(r["grpo_step"][k].as_f64().unwrap() > 0.0, "{k}: {r}");
     }
+    let step = &r["grpo_step"];
+    assert!(step["rollout_forward_launch_s"].as_f64() <= step["rollout_forward_s"].as_f64(), "{step}");
     assert!(r["generation"]["new_tokens_per_s"].as_f64().unwrap() > 0.0);
 }

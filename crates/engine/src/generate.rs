@@ -34,6 +34,9 @@ pub struct Generation {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DecodeStats {
     pub forward_s: f64,
+    /// Host time issuing the forwards (on CUDA the rest of `forward_s` is waiting for the
+    /// device; a launch time close to `forward_s` means the decode is host-bound).
+    pub launch_s: f64,
     pub sample_s: f64,
     pub forwards: usize,
     /// Batch rows computed, summed over forwards (finished rows moved out are not computed).
@@ -243,6 +246,7 @@ impl<'a> DecodeSession<'a> {
         });
         self.stats.forwards += 1;
         self.stats.rows_computed += k;
+        self.stats.launch_s += t0.elapsed().as_secs_f64();
         crate::device::synchronize(self.lm.device()); // forward_s: the GPU's time, not its launches
         self.stats.forward_s += t0.elapsed().as_secs_f64();
     }
