@@ -209,6 +209,9 @@ impl<'a> DecodeSession<'a> {
         let pos = Tensor::from_slice(&pos).view([k as i64, t as i64]).to_device(dev);
         let mask = Tensor::from_slice(&mask).view([k as i64, 1, t as i64, keys as i64]).to_device(dev);
         self.lm.reserve_cache(&mut self.cache, b as i64, t as i64);
+        if k < b {
+            self.cache.clear_block(k as i64, past as i64, t as i64); // rows not run this pass
+        }
         let mut front = self.cache.front_rows(k as i64);
         let padded = lens.iter().any(|&n| n != t);
         let last = if t > 1 && padded {
@@ -406,4 +409,56 @@ pub fn full_logits(lm: &DecoderLm, seqs: &[Vec<u32>]) -> Tensor {
     let batch = crate::score::PackedBatch::new(seqs, lm.device());
     let h = tch::no_grad(|| lm.forward_hidden(&batch.ids, &batch.positions, &batch.mask, None, Mode::EVAL));
     lm.logits(&h).to_kind(Kind::Float)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DecoderConfig;
+    use crate::sampling::SamplingParams;
+    use crate::{LoadOptions, Policy};
+
+    /// The cache's buffers start as NaN in unit tests (`llama::buffer`): a session whose rows
+    /// finish at different lengths, leave the computed batch, and resume after ragged
+    /// observations while others stay out must never read a slot it did not write. Every row
+    /// generates what it generates alone from its concatenated history.
+    #[test]
+    fn no_cache_slot_is_read_before_it_is_written() {
+        let v = serde_json::json!({"model_type": "qwen3", "vocab_size": 61, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": true});
+        let cfg = DecoderConfig::from_value(std::path::Path::new("tiny/config.json"), v).unwrap();
+        let p = Policy::random(&cfg, &LoadOptions::default(), 3);
+        let batch: Vec<Vec<u32>> = (0..6u32).map(|r| (1..4 + r % 3).map(|t| t + 5 * r).collect()).collect();
+        let mut s = DecodeSession::new(&p.lm, 6, 0);
+        s.append(&batch).unwrap();
+        let lens = [2usize, 9, 3, 7, 1, 5];
+        let params: Vec<SamplingParams> = lens.iter().map(|&n| SamplingParams::greedy(n)).collect();
+        let mut rngs = vec![Rng::new(0); 6];
+        let first = s.generate(&(0..6).collect::<Vec<_>>(), &params, &mut rngs, None, &[]).unwrap();
+        // Ragged observations for rows 4, 1 and 3 (packed feed); rows 0, 2, 5 take none.
+        let mut obs = vec![vec![]; 6];
+        obs[4] = vec![40, 41, 42, 43, 44, 45, 46];
+        obs[1] = vec![50];
+        obs[3] = vec![51, 52, 53];
+        s.append(&obs).unwrap();
+        let searching = [4usize, 1, 3];
+        let second = s.generate(&searching, &vec![SamplingParams::greedy(4); 3], &mut rngs[..3], None, &[]).unwrap();
+        for (k, &r) in searching.iter().enumerate() {
+            let history = [batch[r].clone(), first[r].tokens.clone(), obs[r].clone()].concat();
+            let alone = generate(&p.lm, None, &[history], &SamplingParams::greedy(4), &[0], &[], 0).unwrap();
+            assert_eq!(second[k].tokens, alone[0].tokens, "row {r}");
+            for (a, b) in second[k].logprobs.iter().zip(&alone[0].logprobs) {
+                assert!((a - b).abs() < 1e-4, "row {r}: {a} vs {b}");
+            }
+        }
+        // A row left out of both passes above resumes too.
+        s.append(&[vec![], vec![], vec![57, 58], vec![], vec![], vec![]]).unwrap();
+        let third = s.generate(&[2], &[SamplingParams::greedy(3)], &mut rngs[..1], None, &[]).unwrap();
+        let history = [batch[2].clone(), first[2].tokens.clone(), vec![57, 58]].concat();
+        let alone = generate(&p.lm, None, &[history], &SamplingParams::greedy(3), &[0], &[], 0).unwrap();
+        assert_eq!(third[0].tokens, alone[0].tokens);
+        assert!(third[0].logprobs.iter().all(|x| x.is_finite()));
+    }
 }
