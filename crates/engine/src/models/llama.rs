@@ -195,15 +195,16 @@ impl Packing {
         Packing { index: Tensor::from_slice(&index).to_device(device), b: lens.len() as i64, t: t as i64, spans }
     }
 
-    /// Whether a generation feed's attention runs row by row on the real tokens (CPU) rather
-    /// than on the padded layout. On CPU the padded layout costs FLOPs: a feed of observations
+    /// Whether attention runs row by row on the real tokens rather than on the padded layout:
+    /// for a generation feed (`cached`) on CPU. The layers' RoPE tables and their attention
+    /// both ask this, so they agree on the layout. On CPU the padded layout costs FLOPs: a feed of observations
     /// whose longest block is 151 tokens ran 24 × 151 query rows for 309 real tokens (1.9 s of
     /// a 17 s GRPO rollout on SmolLM2). On CUDA those FLOPs are cheap and B kernel launches per
     /// layer are not. Scoring keeps the padded layout on CPU too: row by row, GRPO's update
     /// went 4.66 → 4.45 s per step but Knowledgeable-R1's 11.4 → 12.7 s (its rows differ little
     /// in length, and every row adds autograd nodes).
-    fn per_row(&self) -> bool {
-        self.index.device() == tch::Device::Cpu
+    fn per_row(&self, cached: bool) -> bool {
+        cached && self.index.device() == tch::Device::Cpu
     }
 
     /// Per-slot rows [B, 1, T, W] (RoPE's cos/sin) → the real tokens' [N, 1, W].
@@ -328,7 +329,7 @@ impl Attention {
             y.transpose(1, 2)
         };
         let (q, k, v) = (self.q_proj.forward(x, mode), self.k_proj.forward(x, mode), self.v_proj.forward(x, mode));
-        if let (Some(p), LayerKv::Cache(ck, cv, pos)) = (packing.filter(|p| p.per_row()), &kv) {
+        if let (Some(p), LayerKv::Cache(ck, cv, pos)) = (packing.filter(|p| p.per_row(true)), &kv) {
             let y = self.attend_rows(q, k, v, cos, sin, mask, (ck, cv, *pos), p);
             return self.o_proj.forward(&y.to_kind(x.kind()), mode);
         }
@@ -430,10 +431,7 @@ impl Attention {
             rows.push(y.squeeze_dim(0).transpose(0, 1).reshape([len, self.n_heads * d]));
             off += len;
         }
-        if rows.is_empty() {
-            return Tensor::zeros([0, self.n_heads * d], (kind, q.device()));
-        }
-        Tensor::cat(&rows, 0)
+        Tensor::cat(&rows, 0) // a packed feed has a row with tokens (`feed` skips empty ones)
     }
 }
 
@@ -655,7 +653,7 @@ impl DecoderLm {
         let (cos, sin) = (emb.cos().to_kind(x.kind()), emb.sin().to_kind(x.kind()));
         // Row-by-row attention (a generation feed on CPU) rotates the real tokens only.
         let (cos, sin) = match packing {
-            Some(p) if p.per_row() && matches!(kv, ModelKv::Cache(..)) => (p.pack_slots(&cos), p.pack_slots(&sin)),
+            Some(p) if p.per_row(matches!(kv, ModelKv::Cache(..))) => (p.pack_slots(&cos), p.pack_slots(&sin)),
             _ => (cos, sin),
         };
         for (i, layer) in self.layers.iter().enumerate() {
