@@ -12,25 +12,48 @@
 //!   layer's FLOPs. On CUDA they are not counted (counting reads the mask back, a device sync).
 //!
 //! Not counted: LoRA's rank-r products, the retriever's encoder.
+//!
+//! Shared work is counted apart ([`add_shared`]): rows that repeat another row's prompt
+//! (scoring) or history and block (generation) are not computed. `total() + shared()` is the
+//! step's nominal work, every row computed in full.
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static WEIGHT_FLOPS: AtomicU64 = AtomicU64::new(0);
 static ATTENTION_FLOPS: AtomicU64 = AtomicU64::new(0);
+static SHARED_FLOPS: AtomicU64 = AtomicU64::new(0);
 
-/// Adds a forward of `tokens` rows through weights of `macs_per_token` multiply-adds.
+/// FLOPs of a forward of `tokens` rows through weights of `macs_per_token` multiply-adds.
 /// `backward_passes`: 0 without autograd, 1 for activation gradients only (frozen weights,
 /// LoRA), 2 with weight gradients as well.
-pub fn add_forward(tokens: i64, macs_per_token: f64, backward_passes: u32) {
-    let f = 2.0 * tokens.max(0) as f64 * macs_per_token * (1 + backward_passes) as f64;
-    WEIGHT_FLOPS.fetch_add(f as u64, Ordering::Relaxed);
+pub fn forward(tokens: i64, macs_per_token: f64, backward_passes: u32) -> f64 {
+    2.0 * tokens.max(0) as f64 * macs_per_token * (1 + backward_passes) as f64
 }
 
-/// Adds attention over `pairs` (query, visible key) pairs in each of `layers` layers of
+/// FLOPs of attention over `pairs` (query, visible key) pairs in each of `layers` layers of
 /// `heads × head_dim` query width; `with_backward` when autograd records it.
-pub fn add_attention(pairs: i64, layers: usize, width: i64, with_backward: bool) {
+pub fn attention_products(pairs: i64, layers: usize, width: i64, with_backward: bool) -> f64 {
     let passes = if with_backward { 3.0 } else { 1.0 };
-    let f = 4.0 * pairs.max(0) as f64 * width as f64 * layers as f64 * passes;
-    ATTENTION_FLOPS.fetch_add(f as u64, Ordering::Relaxed);
+    4.0 * pairs.max(0) as f64 * width as f64 * layers as f64 * passes
+}
+
+/// Adds a computed forward ([`forward`]).
+pub fn add_forward(tokens: i64, macs_per_token: f64, backward_passes: u32) {
+    WEIGHT_FLOPS.fetch_add(forward(tokens, macs_per_token, backward_passes) as u64, Ordering::Relaxed);
+}
+
+/// Adds computed attention products ([`attention_products`]).
+pub fn add_attention(pairs: i64, layers: usize, width: i64, with_backward: bool) {
+    ATTENTION_FLOPS.fetch_add(attention_products(pairs, layers, width, with_backward) as u64, Ordering::Relaxed);
+}
+
+/// Adds FLOPs that sharing saved: work of the step's rows that was copied, not computed.
+pub fn add_shared(flops: f64) {
+    SHARED_FLOPS.fetch_add(flops.max(0.0) as u64, Ordering::Relaxed);
+}
+
+/// FLOPs saved by sharing since the process started (not in [`total`]).
+pub fn shared() -> f64 {
+    SHARED_FLOPS.load(Ordering::Relaxed) as f64
 }
 
 /// FLOPs counted since the process started: weight GEMMs and attention products.
@@ -61,5 +84,8 @@ mod tests {
         super::add_attention(6, 2, 8, false);
         super::add_attention(6, 2, 8, true);
         assert_eq!(super::attention() - a0, 384.0 + 1152.0);
+        let s0 = super::shared();
+        super::add_shared(super::forward(10, 100.0, 0));
+        assert_eq!((super::shared() - s0, super::weights() - w0), (2000.0, 8000.0), "shared work is counted apart");
     }
 }

@@ -4,7 +4,9 @@
 //! tokens (right-aligned, padding masked out), so a prompt prefill, a sampled token and an
 //! appended `<information>` observation all go through the same `feed`. Masked padding can sit
 //! in the middle of a row's cache ("holes"); RoPE positions count only real tokens, so a resumed
-//! sequence is computed exactly as if it had been one contiguous prompt.
+//! sequence is computed exactly as if it had been one contiguous prompt. A row whose history
+//! and new block equal an earlier row's (a prompt's G samples; samples of a group that issued
+//! the same search and got the same observation) is not computed: it gets a copy of that row.
 use crate::error::{EngineError, Result};
 use crate::layers::Mode;
 use crate::models::llama::{DecoderLm, KvCache};
@@ -41,6 +43,10 @@ pub struct DecodeStats {
     pub forwards: usize,
     /// Batch rows computed, summed over forwards (finished rows moved out are not computed).
     pub rows_computed: usize,
+    /// Rows of multi-token feeds copied from an identical row instead of computed, and their
+    /// tokens (a prompt's G samples; samples of a group that issued the same search).
+    pub rows_shared: usize,
+    pub tokens_shared: usize,
 }
 
 pub struct DecodeSession<'a> {
@@ -53,6 +59,8 @@ pub struct DecodeSession<'a> {
     n_real: Vec<i64>,
     /// Tokens sampled but not yet fed (the last token of a finished generation).
     pending: Vec<Vec<u32>>,
+    /// Real tokens fed to each row so far: rows with equal histories hold equal caches.
+    history: Vec<Vec<u32>>,
     /// Next-token logits per row [B, V] (float32, on the model's device).
     last_logits: Option<Tensor>,
     /// slot[r]: the cache row holding row r. A forward pass runs only the cache rows up to the
@@ -73,6 +81,7 @@ impl<'a> DecodeSession<'a> {
             valid: vec![vec![]; batch],
             n_real: vec![0; batch],
             pending: vec![vec![]; batch],
+            history: vec![vec![]; batch],
             last_logits: None,
             slot: (0..batch).collect(),
             pad_id,
@@ -112,35 +121,8 @@ impl<'a> DecodeSession<'a> {
                 m
             })
             .collect();
-        if self.cache.len == 0 {
-            // A fresh session whose rows repeat prompts (G samples per prompt): prefill each
-            // distinct prompt once and copy its cache rows.
-            let (unique, rows) = crate::score::distinct(merged.iter().map(Vec::as_slice));
-            let unique: Vec<Vec<u32>> = unique.into_iter().map(<[u32]>::to_vec).collect();
-            if unique.len() < merged.len() && unique.iter().all(|u| !u.is_empty()) {
-                self.prefill_shared(&unique, &rows);
-                return Ok(());
-            }
-        }
         self.feed(&merged);
         Ok(())
-    }
-
-    /// Feeds `unique` blocks as a batch of their own, then expands the session to one row per
-    /// entry of `rows` (index into `unique`). Same cache and logits as feeding every row.
-    fn prefill_shared(&mut self, unique: &[Vec<u32>], rows: &[i64]) {
-        let b = self.batch();
-        self.valid = vec![vec![]; unique.len()];
-        self.n_real = vec![0; unique.len()];
-        self.slot = (0..unique.len()).collect();
-        self.feed(unique);
-        let idx = Tensor::from_slice(rows).to_device(self.lm.device());
-        self.cache.select_rows(&idx);
-        self.valid = rows.iter().map(|&u| self.valid[u as usize].clone()).collect();
-        self.n_real = rows.iter().map(|&u| self.n_real[u as usize]).collect();
-        self.slot = (0..rows.len()).collect();
-        self.last_logits = self.last_logits.take().map(|l| l.index_select(0, &idx));
-        debug_assert_eq!(self.batch(), b);
     }
 
     /// Moves the `fed` rows to the front cache rows when the rows in between would waste a
@@ -173,6 +155,12 @@ impl<'a> DecodeSession<'a> {
         }
         let t0 = std::time::Instant::now();
         let fed: Vec<usize> = (0..b).filter(|&r| !blocks[r].is_empty()).collect();
+        // A multi-token block whose row repeats an earlier row (same history, same block) is not
+        // computed: that row's cache row and logits are copied after the pass. Its row stays in
+        // the computed front (no reorder) as a row of padding, which a packed pass skips.
+        let copies = if t > 1 { same_as_earlier(&self.history, blocks) } else { vec![] };
+        let mut copied = vec![false; b];
+        copies.iter().for_each(|&(r, _)| copied[r] = true);
         self.compact(&fed);
         let k = fed.iter().map(|&r| self.slot[r]).max().unwrap() + 1;
         let past = self.cache.len as usize;
@@ -183,8 +171,10 @@ impl<'a> DecodeSession<'a> {
         // Real tokens per computed cache row (0 for a row inside the front that takes none).
         let mut lens = vec![0usize; k];
         for (r, block) in blocks.iter().enumerate() {
+            let block: &[u32] = if copied[r] { &[] } else { block };
             let off = t - block.len();
             self.valid[r].extend((0..t).map(|i| i >= off));
+            self.history[r].extend_from_slice(block);
             let s = self.slot[r];
             if s >= k {
                 continue; // not computed: its new slots are holes
@@ -247,11 +237,46 @@ impl<'a> DecodeSession<'a> {
                 .unwrap_or_else(|| Tensor::zeros([b as i64, logits.size()[1]], (logits.kind(), dev)));
             old.index_copy(0, &rows, &logits.index_select(0, &slots))
         });
+        // The copied rows' work, as computing them would have counted it: their tokens, their
+        // attention pairs (row r's i-th new token sees its n_real + i + 1 real keys) and one LM-head row.
+        let (tokens, pairs) = copies.iter().fold((0i64, 0i64), |(tk, pr), &(r, from)| {
+            let (n, before) = (blocks[r].len() as i64, self.n_real[from] - blocks[r].len() as i64);
+            (tk + n, pr + n * before + n * (n + 1) / 2)
+        });
+        crate::flops::add_shared(self.lm.forward_flops(tokens, pairs, copies.len() as i64, 0));
+        self.copy_rows(&copies);
         self.stats.forwards += 1;
-        self.stats.rows_computed += k;
+        self.stats.rows_computed += k - copies.len();
+        self.stats.rows_shared += copies.len();
+        self.stats.tokens_shared += copies.iter().map(|&(r, _)| blocks[r].len()).sum::<usize>();
         self.stats.launch_s += t0.elapsed().as_secs_f64();
         crate::device::synchronize(self.lm.device()); // forward_s: the GPU's time, not its launches
         self.stats.forward_s += t0.elapsed().as_secs_f64();
+    }
+
+    /// Rows `(r, from)`: row r becomes a copy of row `from` (cache row, mask, position, logits).
+    fn copy_rows(&mut self, pairs: &[(usize, usize)]) {
+        if pairs.is_empty() {
+            return;
+        }
+        let dev = self.lm.device();
+        let to = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
+        let (dst, src) = (
+            to(pairs.iter().map(|&(r, _)| self.slot[r] as i64).collect()),
+            to(pairs.iter().map(|&(_, f)| self.slot[f] as i64).collect()),
+        );
+        self.cache.copy_rows(&src, &dst);
+        let (rows, froms) =
+            (to(pairs.iter().map(|&(r, _)| r as i64).collect()), to(pairs.iter().map(|&(_, f)| f as i64).collect()));
+        if let Some(l) = self.last_logits.as_mut() {
+            let picked = l.index_select(0, &froms);
+            let _ = l.index_copy_(0, &rows, &picked);
+        }
+        for &(r, from) in pairs {
+            self.valid[r] = self.valid[from].clone();
+            self.n_real[r] = self.n_real[from];
+            self.history[r] = self.history[from].clone();
+        }
     }
 
     /// Generates for `rows` (each with its own params and generator) until eos, a stop string
@@ -338,6 +363,22 @@ impl<'a> DecodeSession<'a> {
     }
 }
 
+/// Rows `(r, from)` whose non-empty block and history equal those of an earlier row `from`
+/// that is computed itself.
+fn same_as_earlier(history: &[Vec<u32>], blocks: &[Vec<u32>]) -> Vec<(usize, usize)> {
+    let mut first = std::collections::HashMap::new();
+    let mut copies = vec![];
+    for (r, block) in blocks.iter().enumerate().filter(|(_, b)| !b.is_empty()) {
+        match first.entry((history[r].as_slice(), block.as_slice())) {
+            std::collections::hash_map::Entry::Occupied(e) => copies.push((r, *e.get())),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(r);
+            }
+        }
+    }
+    copies
+}
+
 /// One token for each active row (`host` holds their logits in order). Rows sample
 /// independently (own generator each), so they are split across libtorch's OpenMP team
 /// (a rayon pool would fight its spinning workers; see [`crate::kernels::omp`]).
@@ -418,18 +459,57 @@ mod tests {
     use crate::sampling::SamplingParams;
     use crate::{LoadOptions, Policy};
 
+    fn tiny_policy() -> Policy {
+        let v = serde_json::json!({"model_type": "qwen3", "vocab_size": 61, "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "tie_word_embeddings": true});
+        let cfg = DecoderConfig::from_value(std::path::Path::new("tiny/config.json"), v).unwrap();
+        Policy::random(&cfg, &LoadOptions::default(), 3)
+    }
+
+    /// Rows that repeat an earlier row (same prompt; then the same turn and the same
+    /// observation) are copied rather than computed, and go on exactly as if computed: each
+    /// generates what it generates alone from its concatenated history.
+    #[test]
+    fn repeated_rows_are_copied_and_continue_as_computed() {
+        let p = tiny_policy();
+        let (a, b) = (vec![3u32, 4, 5, 6], vec![7u32, 8]);
+        let prompts = vec![a.clone(), b.clone(), a.clone(), a.clone(), b.clone()];
+        let mut s = DecodeSession::new(&p.lm, 5, 0);
+        s.append(&prompts).unwrap();
+        assert_eq!((s.stats.rows_shared, s.stats.tokens_shared), (3, 10), "rows 2, 3 copy row 0; row 4 copies row 1");
+        let all: Vec<usize> = (0..5).collect();
+        let mut rngs = vec![Rng::new(0); 5];
+        let first = s.generate(&all, &vec![SamplingParams::greedy(3); 5], &mut rngs, None, &[]).unwrap();
+        assert_eq!(first[0].tokens, first[2].tokens);
+        // Rows 0 and 2 take the same observation (row 2 is copied), row 3 another one; rows 1
+        // and 4 the same one (row 4 is copied).
+        let obs = vec![vec![40u32, 41, 42], vec![50, 51], vec![40, 41, 42], vec![43, 44], vec![50, 51]];
+        s.append(&obs).unwrap();
+        assert_eq!(
+            (s.stats.rows_shared, s.stats.tokens_shared),
+            (5, 10 + 4 + 3),
+            "the copied tokens include the pending one"
+        );
+        let second = s.generate(&all, &vec![SamplingParams::greedy(4); 5], &mut rngs, None, &[]).unwrap();
+        for r in 0..5 {
+            let history = [prompts[r].clone(), first[r].tokens.clone(), obs[r].clone()].concat();
+            let alone = generate(&p.lm, None, &[history], &SamplingParams::greedy(4), &[0], &[], 0).unwrap();
+            assert_eq!(second[r].tokens, alone[0].tokens, "row {r}");
+            for (x, y) in second[r].logprobs.iter().zip(&alone[0].logprobs) {
+                assert!((x - y).abs() < 1e-4, "row {r}: {x} vs {y}");
+            }
+        }
+    }
+
     /// The cache's buffers start as NaN in unit tests (`llama::buffer`): a session whose rows
     /// finish at different lengths, leave the computed batch, and resume after ragged
     /// observations while others stay out must never read a slot it did not write. Every row
     /// generates what it generates alone from its concatenated history.
     #[test]
     fn no_cache_slot_is_read_before_it_is_written() {
-        let v = serde_json::json!({"model_type": "qwen3", "vocab_size": 61, "hidden_size": 32,
-            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-            "tie_word_embeddings": true});
-        let cfg = DecoderConfig::from_value(std::path::Path::new("tiny/config.json"), v).unwrap();
-        let p = Policy::random(&cfg, &LoadOptions::default(), 3);
+        let p = tiny_policy();
         let batch: Vec<Vec<u32>> = (0..6u32).map(|r| (1..4 + r % 3).map(|t| t + 5 * r).collect()).collect();
         let mut s = DecodeSession::new(&p.lm, 6, 0);
         s.append(&batch).unwrap();

@@ -140,6 +140,14 @@ fn shared(
     let prefixes: Vec<Vec<u32>> = unique.iter().map(|p| p[..p.len() - 1].to_vec()).collect();
     let pre = PackedBatch::new(&prefixes, dev);
     let kv = lm.forward_prefix(&pre.ids, &pre.positions, &pre.mask, mode);
+    // The prefix's work for the rows that repeat a prompt: tokens and causal attention pairs.
+    let (mut tokens, mut pairs) = (0i64, 0i64);
+    for (p, sign) in reqs.iter().map(|q| (q.prompt.len() as i64, 1)).chain(unique.iter().map(|u| (u.len() as i64, -1)))
+    {
+        tokens += sign * (p - 1);
+        pairs += sign * (p - 1) * p / 2;
+    }
+    crate::flops::add_shared(lm.forward_flops(tokens, pairs, 0, kv.backward_passes(lm)));
     // Continuation of row i: the prompt's last token, then the response minus its last token.
     let conts: Vec<Vec<u32>> = reqs
         .iter()

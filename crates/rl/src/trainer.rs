@@ -112,8 +112,12 @@ pub fn train_with_eval(
     }
     let mut all = vec![];
     for step in start..cfg.run.steps {
-        let (t0, flops0, attention0) =
-            (Instant::now(), knowrl_engine::flops::total(), knowrl_engine::flops::attention());
+        let (t0, flops0, attention0, shared0) = (
+            Instant::now(),
+            knowrl_engine::flops::total(),
+            knowrl_engine::flops::attention(),
+            knowrl_engine::flops::shared(),
+        );
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
         // This rank's contiguous share of the questions (all of them in one process).
         let shard = Shard::of(group, picks.len());
@@ -124,6 +128,7 @@ pub fn train_with_eval(
         out.metrics.extra.extend(diagnostics);
         let rollout_s = t0.elapsed().as_secs_f64();
         let rollout_flops = knowrl_engine::flops::total() - flops0;
+        let rollout_shared = knowrl_engine::flops::shared() - shared0;
         let t1 = Instant::now();
         let seed = row_seed(cfg.run.seed, step, usize::MAX);
         let up = update_policy(group, policy, reference, &mut opt, &mut out, cfg, seed)?;
@@ -134,6 +139,10 @@ pub fn train_with_eval(
         extra.insert("gemm_flops".into(), knowrl_engine::flops::total() - flops0);
         extra.insert("attention_flops".into(), knowrl_engine::flops::attention() - attention0);
         extra.insert("rollout_gemm_flops".into(), rollout_flops);
+        // What sharing skipped (rows repeating a prompt or a history): computed + shared is the
+        // step's nominal work, every row computed in full.
+        extra.insert("shared_flops".into(), knowrl_engine::flops::shared() - shared0);
+        extra.insert("rollout_shared_flops".into(), rollout_shared);
         let metrics = StepMetrics {
             step,
             loss: up.pg.loss,

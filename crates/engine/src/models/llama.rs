@@ -93,7 +93,7 @@ impl KvCache {
         }
     }
 
-    /// Keeps only the given batch rows, in that order (expand shared prefills, reorder rows).
+    /// Keeps only the given batch rows, in that order (moves fed rows to the computed front).
     /// Copies the `len` positions in use, not the whole capacity: with the capacity doubling,
     /// a GRPO rollout's ~9 reorders per step copied ~1.7x the bytes they needed (1.25 s of a
     /// 17 s rollout on SmolLM2, 32 rows, 2 cores).
@@ -113,6 +113,16 @@ impl KvCache {
         };
         self.k = self.k.iter().map(pick).collect();
         self.v = self.v.iter().map(pick).collect();
+    }
+
+    /// Copies batch rows `src[i]` into rows `dst[i]` (the positions in use).
+    pub fn copy_rows(&mut self, src: &Tensor, dst: &Tensor) {
+        let len = self.len;
+        for x in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let mut used = x.narrow(2, 0, len);
+            let rows = used.index_select(0, src);
+            let _ = used.index_copy_(0, dst, &rows);
+        }
     }
 
     /// Zeroes positions `pos .. pos + t` of the rows from `first` on: a feed that runs only
@@ -147,6 +157,13 @@ impl Default for KvCache {
 pub struct PrefixKv {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+}
+
+impl PrefixKv {
+    /// Backward GEMM passes the prefix's forward costs (see [`crate::flops`]).
+    pub fn backward_passes(&self, lm: &DecoderLm) -> u32 {
+        self.k.first().map_or(0, |k| lm.backward_passes(k))
+    }
 }
 
 /// What one attention layer does with its keys and values.
@@ -684,6 +701,16 @@ impl DecoderLm {
             crate::flops::add_attention(pairs, self.layers.len(), width, x.requires_grad());
         }
         self.norm.forward(&x)
+    }
+
+    /// FLOPs of `tokens` tokens through the blocks with `pairs` (query, visible key) attention
+    /// pairs per layer and `head_rows` rows through the LM head, as [`crate::flops`] counts them:
+    /// the work of rows that sharing skips ([`crate::flops::add_shared`]).
+    pub fn forward_flops(&self, tokens: i64, pairs: i64, head_rows: i64, backward_passes: u32) -> f64 {
+        let (layers, c) = (self.layers.len(), &self.cfg);
+        crate::flops::forward(tokens, self.layer_macs() * layers as f64, backward_passes)
+            + crate::flops::attention_products(pairs, layers, c.num_heads * c.head_dim, backward_passes > 0)
+            + crate::flops::forward(head_rows, (c.hidden_size * c.vocab_size) as f64, backward_passes)
     }
 
     /// Multiply-adds per token of one block's projections (q, k, v, o, gate, up, down).
