@@ -66,22 +66,17 @@ pub struct ScoreRequest<'a> {
 /// log-probs match the rollout distribution (verl's convention). Rows that share a prompt (a
 /// GRPO group, Knowledgeable-R1's re-scored rows) run it once: [`score_shared`].
 pub fn score(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
-    let (unique, rows) = distinct_prompts(reqs);
+    let (unique, _) = distinct(reqs.iter().map(|q| q.prompt));
     if unique.len() < reqs.len() && reqs.iter().all(|q| q.prompt.len() > 1) {
-        shared(lm, reqs, &unique, rows, temperature, mode)
+        shared(lm, reqs, temperature, mode)
     } else {
         score_packed(lm, reqs, temperature, mode)
     }
 }
 
-/// The distinct prompts (first-appearance order) and, per request, the index of its prompt.
-fn distinct_prompts<'a>(reqs: &[ScoreRequest<'a>]) -> (Vec<&'a [u32]>, Vec<i64>) {
-    distinct(reqs.iter().map(|q| q.prompt))
-}
-
 /// The distinct token sequences of `seqs` (first-appearance order) and, per sequence, the index
-/// of its copy among them; shared by scoring and the generation prefill.
-pub(crate) fn distinct<'a>(seqs: impl IntoIterator<Item = &'a [u32]>) -> (Vec<&'a [u32]>, Vec<i64>) {
+/// of its copy among them.
+fn distinct<'a>(seqs: impl IntoIterator<Item = &'a [u32]>) -> (Vec<&'a [u32]>, Vec<i64>) {
     let mut index: std::collections::HashMap<&[u32], i64> = std::collections::HashMap::new();
     let mut unique = vec![];
     let rows = seqs
@@ -117,51 +112,72 @@ pub fn score_packed(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mod
     response_scores(lm, h, reqs, temperature)
 }
 
-/// Shared-prefix scoring: each distinct prompt minus its last token runs once
-/// ([`DecoderLm::forward_prefix`]); every row then runs [last prompt token ‖ response] attending
-/// to its prompt's keys/values. Same values and gradients as [`score_packed`] (tested) with the
-/// prompt computed once per prompt instead of once per row.
+/// Shared-prefix scoring: each distinct prefix runs once ([`DecoderLm::forward_prefix`]); every
+/// row then runs the rest of its sequence attending to its prefix's keys/values. A row's prefix
+/// is its prompt minus the last token, or, where another row has the same prompt and the same
+/// response up to the end of one of this row's observations (loss-masked runs), the sequence up
+/// to that observation's last token: the samples of a group that issued the same search and got
+/// the same passages. Same values and gradients as [`score_packed`] (tested), with each shared
+/// prefix computed once instead of once per row.
 pub fn score_shared(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
-    let (unique, rows) = distinct_prompts(reqs);
     assert!(reqs.iter().all(|q| q.prompt.len() > 1), "score_shared: prompts need 2+ tokens");
-    shared(lm, reqs, &unique, rows, temperature, mode)
+    shared(lm, reqs, temperature, mode)
 }
 
-/// [`score_shared`] given the distinct prompts and each request's index into them.
-fn shared(
-    lm: &DecoderLm,
-    reqs: &[ScoreRequest],
-    unique: &[&[u32]],
-    rows: Vec<i64>,
-    temperature: f64,
-    mode: Mode,
-) -> Scored {
+/// Each row's prefix length (tokens of prompt ‖ response), as [`score_shared`] chooses it: the
+/// furthest observation end e (response[e-1] masked, response[e] not) whose prompt ‖
+/// response[..e] m rows repeat, where sharing those e tokens saves more than running the prompt
+/// once more in a prefix of its own ((m − 1)·e > prompt length); else the prompt. The prefix
+/// stops one token short (that token starts the row's own continuation). The test matters for
+/// BRIDGE: its k candidates of a turn share the history as their prompt, and two samples with
+/// one history share each candidate passage d (e = |d|); a prefix per passage would run the
+/// history k times to save one |d| each.
+fn prefix_lens(reqs: &[ScoreRequest]) -> Vec<usize> {
+    let ends = |q: &ScoreRequest| -> Vec<usize> {
+        let Some(m) = q.loss_mask else { return vec![] };
+        (1..q.response.len().min(m.len())).filter(|&e| !m[e - 1] && m[e]).collect()
+    };
+    let mut seen: std::collections::HashMap<(&[u32], &[u32]), usize> = std::collections::HashMap::new();
+    for q in reqs {
+        for e in ends(q) {
+            *seen.entry((q.prompt, &q.response[..e])).or_default() += 1;
+        }
+    }
+    reqs.iter()
+        .map(|q| {
+            let saves = |e: usize| (seen[&(q.prompt, &q.response[..e])] - 1) * e > q.prompt.len();
+            let e = ends(q).into_iter().rev().find(|&e| saves(e)).unwrap_or(0);
+            q.prompt.len() + e - 1
+        })
+        .collect()
+}
+
+/// [`score_shared`] without the check.
+fn shared(lm: &DecoderLm, reqs: &[ScoreRequest], temperature: f64, mode: Mode) -> Scored {
     let dev = lm.device();
-    let prefixes: Vec<Vec<u32>> = unique.iter().map(|p| p[..p.len() - 1].to_vec()).collect();
+    let seqs: Vec<Vec<u32>> = reqs.iter().map(|q| [q.prompt, q.response].concat()).collect();
+    let plen = prefix_lens(reqs);
+    let (unique, rows) = distinct(seqs.iter().zip(&plen).map(|(s, &n)| &s[..n]));
+    let prefixes: Vec<Vec<u32>> = unique.iter().map(|u| u.to_vec()).collect();
     let pre = PackedBatch::new(&prefixes, dev);
-    let kv = lm.forward_prefix(&pre.ids, &pre.positions, &pre.mask, mode);
-    // The prefix's work for the rows that repeat a prompt: tokens and causal attention pairs.
+    let (kv, pre_hidden) = lm.forward_prefix(&pre.ids, &pre.positions, &pre.mask, mode);
+    // The prefixes' work for the rows that repeat one: tokens and causal attention pairs.
     let (mut tokens, mut pairs) = (0i64, 0i64);
-    for (p, sign) in reqs.iter().map(|q| (q.prompt.len() as i64, 1)).chain(unique.iter().map(|u| (u.len() as i64, -1)))
-    {
-        tokens += sign * (p - 1);
-        pairs += sign * (p - 1) * p / 2;
+    for (n, sign) in plen.iter().map(|&n| (n as i64, 1)).chain(unique.iter().map(|u| (u.len() as i64, -1))) {
+        tokens += sign * n;
+        pairs += sign * n * (n + 1) / 2;
     }
     crate::flops::add_shared(lm.forward_flops(tokens, pairs, 0, kv.backward_passes(lm)));
-    // Continuation of row i: the prompt's last token, then the response minus its last token.
-    let conts: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|q| {
-            let mut c = vec![q.prompt[q.prompt.len() - 1]];
-            c.extend_from_slice(&q.response[..q.response.len().saturating_sub(1)]);
-            c
-        })
-        .collect();
-    let (b, t, pw) = (reqs.len(), conts.iter().map(Vec::len).max().unwrap_or(1), pre.width);
+    // Continuation of row i: its sequence after the prefix, minus the last token (it predicts
+    // nothing); at least one token.
+    let conts: Vec<&[u32]> = seqs.iter().zip(&plen).map(|(s, &n)| &s[n..(s.len() - 1).max(n + 1)]).collect();
+    let (b, t, pw) = (reqs.len(), conts.iter().map(|c| c.len()).max().unwrap_or(1), pre.width);
     let (mut ids, mut pos, mut mask) = (vec![0i64; b * t], vec![0i64; b * t], vec![false; b * t * (pw + t)]);
-    let (mut src, mut start) = (vec![], 0usize);
+    // Hidden states predicting response tokens: the prefixes' [U·pw] rows, then the packed
+    // continuations'.
+    let (mut src, mut start, prefix_rows) = (vec![], 0usize, prefixes.len() * pw);
     for (i, c) in conts.iter().enumerate() {
-        let p0 = reqs[i].prompt.len() - 1; // real prefix tokens of this row
+        let p0 = plen[i]; // real prefix tokens of this row
         for q in 0..t {
             if q < c.len() {
                 ids[i * t + q] = c[q] as i64;
@@ -173,18 +189,30 @@ fn shared(
                 *x = j == q || (j < q && j < c.len());
             }
         }
-        // Response token q of row i is predicted by continuation token q: packed row start + q.
-        src.extend((0..reqs[i].response.len()).map(|q| (start + q) as i64));
+        // Response token q sits at p + q and is predicted by the hidden state at p + q - 1.
+        let p = reqs[i].prompt.len();
+        src.extend((0..reqs[i].response.len()).map(|q| match p + q - 1 {
+            at if at < p0 => (rows[i] as usize * pw + at) as i64,
+            at => (prefix_rows + start + at - p0) as i64,
+        }));
         start += c.len();
     }
     let ids = Tensor::from_slice(&ids).view([b as i64, t as i64]).to_device(dev);
     let pos = Tensor::from_slice(&pos).view([b as i64, t as i64]).to_device(dev);
     let mask = Tensor::from_slice(&mask).view([b as i64, 1, t as i64, (pw + t) as i64]).to_device(dev);
     let rows = Tensor::from_slice(&rows).to_device(dev);
-    let lens: Vec<usize> = conts.iter().map(Vec::len).collect();
+    let lens: Vec<usize> = conts.iter().map(|c| c.len()).collect();
     let packing = Packing::new(&lens, t, dev);
     let hidden = lm.forward_after_prefix(&ids, &pos, &mask, &kv, &rows, &packing, mode);
-    let h = hidden.index_select(0, &Tensor::from_slice(&src).to_device(dev));
+    // Prefix hidden states are needed only where a prefix reaches into a response.
+    let all = match src.iter().any(|&i| (i as usize) < prefix_rows) {
+        true => Tensor::cat(&[pre_hidden.reshape([-1, hidden.size()[1]]), hidden], 0),
+        false => {
+            src.iter_mut().for_each(|i| *i -= prefix_rows as i64);
+            hidden
+        }
+    };
+    let h = all.index_select(0, &Tensor::from_slice(&src).to_device(dev));
     response_scores(lm, h, reqs, temperature)
 }
 
@@ -301,6 +329,28 @@ mod tests {
     }
 
     /// The LM head in row chunks gives the same log-probs, entropies and gradients as in one piece.
+    /// Prefixes reach the furthest observation end (a loss-masked run followed by a kept token)
+    /// that other rows repeat often enough to save work; otherwise the prompt minus its last token.
+    #[test]
+    fn prefixes_reach_the_furthest_shared_observation_that_saves_work() {
+        let (a, b): (&[u32], &[u32]) = (&[1, 5], &[1, 3]);
+        let (t, f) = (true, false);
+        let reqs = [
+            ScoreRequest { prompt: a, response: &[9, 30, 31, 10, 2], loss_mask: Some(&[t, f, f, t, t]) },
+            ScoreRequest { prompt: a, response: &[9, 30, 31, 12], loss_mask: Some(&[t, f, f, t]) },
+            ScoreRequest { prompt: a, response: &[9, 30, 31, 10, 40, 14], loss_mask: Some(&[t, f, f, t, f, t]) },
+            ScoreRequest { prompt: a, response: &[9, 30, 31, 10, 40, 15], loss_mask: Some(&[t, f, f, t, f, t]) },
+            ScoreRequest { prompt: b, response: &[9, 30, 31, 10], loss_mask: Some(&[t, f, f, t]) },
+            ScoreRequest { prompt: a, response: &[9, 30, 31], loss_mask: Some(&[t, f, f]) },
+            ScoreRequest { prompt: a, response: &[7, 30, 11], loss_mask: Some(&[t, f, t]) },
+            ScoreRequest { prompt: a, response: &[7, 30, 12], loss_mask: Some(&[t, f, t]) },
+        ];
+        // a ‖ [9, 30, 31]: 4 rows (rows 0-3), 3·3 tokens saved > 2; rows 2, 3 go on to
+        // a ‖ [9, 30, 31, 10, 40] (1·5 > 2). Row 4's prompt is alone; row 5 ends on its
+        // observation; rows 6, 7 share a ‖ [7, 30], which saves 1·2 tokens, not more than the prompt.
+        assert_eq!(prefix_lens(&reqs), vec![2 + 3 - 1, 2 + 3 - 1, 2 + 5 - 1, 2 + 5 - 1, 1, 1, 1, 1]);
+    }
+
     #[test]
     fn chunked_head_equals_the_whole() {
         let p = tiny_tied_lm(50, Kind::Double, 3);

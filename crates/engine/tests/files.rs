@@ -321,6 +321,55 @@ fn shared_prefix_scoring_matches_packed_scoring_values_and_gradients() {
 }
 
 #[test]
+fn rows_sharing_an_observation_score_as_packed_values_and_gradients() {
+    // Agent rows of one prompt: two share the first turn and its observation, two more share
+    // up to their second observation, one shares nothing past the prompt. Their shared prefixes
+    // reach into the responses (loss tokens included); log-probs, entropies and gradients must
+    // equal running every row in full.
+    let p = tiny_policy(None);
+    let (a, b): (&[u32], &[u32]) = (&[1, 5, 7, 8], &[1, 3]);
+    let (t, f) = (true, false);
+    let reqs = [
+        ScoreRequest { prompt: a, response: &[9, 30, 31, 10, 2], loss_mask: Some(&[t, f, f, t, t]) },
+        ScoreRequest { prompt: a, response: &[9, 30, 31, 12, 13, 2], loss_mask: Some(&[t, f, f, t, t, t]) },
+        ScoreRequest { prompt: a, response: &[9, 30, 31, 10, 40, 41, 14], loss_mask: Some(&[t, f, f, t, f, f, t]) },
+        ScoreRequest {
+            prompt: a,
+            response: &[9, 30, 31, 10, 40, 41, 15, 2],
+            loss_mask: Some(&[t, f, f, t, f, f, t, t]),
+        },
+        ScoreRequest { prompt: b, response: &[11, 2], loss_mask: None },
+        ScoreRequest { prompt: b, response: &[11, 50, 2], loss_mask: Some(&[t, f, t]) },
+        ScoreRequest { prompt: a, response: &[16, 30, 2], loss_mask: Some(&[t, f, t]) },
+    ];
+    let run = |f: fn(
+        &knowrl_engine::models::llama::DecoderLm,
+        &[ScoreRequest],
+        f64,
+        Mode,
+    ) -> knowrl_engine::score::Scored| {
+        let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
+        opt.zero_grad();
+        let flops = knowrl_engine::flops::shared();
+        let s = f(&p.lm, &reqs, 0.9, Mode::TRAIN);
+        let shared = knowrl_engine::flops::shared() - flops;
+        ((&s.logprobs * &s.mask).sum(Kind::Float) + s.entropy.sum(Kind::Float).detach()).backward();
+        let grads: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
+        (s, grads, shared)
+    };
+    let (want, want_g, _) = run(score_packed);
+    let (got, got_g, shared) = run(score_shared);
+    assert!(shared > 0.0, "the repeated prefixes count as shared work");
+    assert!(max_abs_diff(&want.logprobs, &got.logprobs) < 1e-5, "{}", max_abs_diff(&want.logprobs, &got.logprobs));
+    assert!(max_abs_diff(&want.entropy, &got.entropy) < 1e-5);
+    assert!(want.mask.equal(&got.mask));
+    for ((n, _), (w, g)) in p.trainable_parameters().iter().zip(want_g.iter().zip(&got_g)) {
+        let d = max_abs_diff(w, g);
+        assert!(d < 1e-5, "{n}: {d}");
+    }
+}
+
+#[test]
 fn devices_and_dtypes_parse_with_clear_errors() {
     use knowrl_engine::device::{parse_device, parse_dtype};
     assert_eq!(parse_device("cpu").unwrap(), tch::Device::Cpu);

@@ -152,7 +152,7 @@ impl Default for KvCache {
 }
 
 /// Keys and values of prompt prefixes, per layer [U, n_kv, P, head_dim] (post-RoPE), recorded by
-/// [`DecoderLm::forward_prefix`] with autograd intact, so rows that share a prompt can attend to
+/// [`DecoderLm::forward_prefix`] with autograd intact, so rows that share a prefix can attend to
 /// one computation of it (training on G samples of a prompt runs the prompt once, not G times).
 pub struct PrefixKv {
     k: Vec<Tensor>,
@@ -611,12 +611,13 @@ impl DecoderLm {
         cache.reserve(extra, &like, self.layers.len());
     }
 
-    /// Runs prompt prefixes `ids` [U, P] (right-padded, `mask` [U, 1, P, P]) and returns their
-    /// keys and values; gradients flow back through them.
-    pub fn forward_prefix(&self, ids: &Tensor, positions: &Tensor, mask: &Tensor, mode: Mode) -> PrefixKv {
+    /// Runs prefixes `ids` [U, P] (right-padded, `mask` [U, 1, P, P]) and returns their keys and
+    /// values and their final hidden states [U, P, D] (the ones that predict response tokens
+    /// inside a prefix); gradients flow back through both.
+    pub fn forward_prefix(&self, ids: &Tensor, positions: &Tensor, mask: &Tensor, mode: Mode) -> (PrefixKv, Tensor) {
         let mut prefix = PrefixKv { k: vec![], v: vec![] };
-        let _ = self.run_layers(ids, positions, mask, mode, ModelKv::Record(&mut prefix), None);
-        prefix
+        let hidden = self.run_layers(ids, positions, mask, mode, ModelKv::Record(&mut prefix), None);
+        (prefix, hidden)
     }
 
     /// Final hidden states [N, D] of the real tokens `packing` names in `ids` [B, T] (no cache):
