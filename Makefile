@@ -38,7 +38,7 @@ bench: models build
 	target/release/knowrl bench retrieval --out bench/results/retrieval.json
 	target/release/knowrl bench grpo --out bench/results/grpo.json
 	target/release/knowrl bench world-speed --out bench/results/world-v2-speed.json
-	# The demo's GRPO run with seeds 1-3 (validation agent EM before / after each).
+	# The demo's GRPO run (12 steps) with seeds 1-3 (validation agent EM before / after each); the 8-step record is demo-seeds-8-steps.md.
 	for s in 1 2 3; do target/release/knowrl demo --grpo-only --seed $$s; done | tee bench/results/demo-seeds.md
 
 # The papers' comparisons on the world (benchmarks: tens of minutes each on 2 cores).
