@@ -277,6 +277,44 @@ fn gradient_accumulation_over_micro_batches_equals_the_full_batch() {
     }
 }
 
+/// A scoring path: [`score_packed`] or [`score_shared`].
+type ScoreFn = fn(&knowrl_engine::models::llama::DecoderLm, &[ScoreRequest], f64, Mode) -> knowrl_engine::score::Scored;
+
+/// Scores `reqs` with `f` in training mode and back-propagates `loss` of the scores: the scores,
+/// every trainable parameter's gradient, and the shared work the call counted (FLOPs).
+fn scored_with_grads(
+    p: &Policy,
+    reqs: &[ScoreRequest],
+    temperature: f64,
+    f: ScoreFn,
+    loss: fn(&knowrl_engine::score::Scored) -> Tensor,
+) -> (knowrl_engine::score::Scored, Vec<Tensor>, f64) {
+    let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
+    opt.zero_grad();
+    let flops = knowrl_engine::flops::shared();
+    let s = f(&p.lm, reqs, temperature, Mode::TRAIN);
+    let shared = knowrl_engine::flops::shared() - flops;
+    loss(&s).backward();
+    let grads: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
+    (s, grads, shared)
+}
+
+/// Both paths' scores and gradients agree to 1e-5.
+fn assert_same_scores_and_grads(
+    p: &Policy,
+    (want, want_g): (&knowrl_engine::score::Scored, &[Tensor]),
+    (got, got_g): (&knowrl_engine::score::Scored, &[Tensor]),
+) {
+    assert_eq!(want.logprobs.size(), got.logprobs.size());
+    assert!(max_abs_diff(&want.logprobs, &got.logprobs) < 1e-5, "{}", max_abs_diff(&want.logprobs, &got.logprobs));
+    assert!(max_abs_diff(&want.entropy, &got.entropy) < 1e-5);
+    assert!(want.mask.equal(&got.mask));
+    for ((n, _), (w, g)) in p.trainable_parameters().iter().zip(want_g.iter().zip(got_g)) {
+        let d = max_abs_diff(w, g);
+        assert!(d < 1e-5, "{n}: {d}");
+    }
+}
+
 #[test]
 fn shared_prefix_scoring_matches_packed_scoring_values_and_gradients() {
     // Two prompts of different lengths, each shared by several rows; ragged responses, an
@@ -291,30 +329,12 @@ fn shared_prefix_scoring_matches_packed_scoring_values_and_gradients() {
         ScoreRequest { prompt: a, response: &[], loss_mask: None },
         ScoreRequest { prompt: b, response: &[4, 4, 4, 4, 4, 2], loss_mask: None },
     ];
-    let run = |f: fn(
-        &knowrl_engine::models::llama::DecoderLm,
-        &[ScoreRequest],
-        f64,
-        Mode,
-    ) -> knowrl_engine::score::Scored| {
-        let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
-        opt.zero_grad();
-        let s = f(&p.lm, &reqs, 0.7, Mode::TRAIN);
-        ((&s.logprobs * &s.mask).sum(Kind::Float) + s.logprobs.select(0, 1).sum(Kind::Float)).backward();
-        let grads: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
-        (s, grads)
-    };
-    let (want, want_g) = run(score_packed);
-    let (got, got_g) = run(score_shared);
-    assert_eq!(want.logprobs.size(), got.logprobs.size());
-    assert!(max_abs_diff(&want.logprobs, &got.logprobs) < 1e-5, "{}", max_abs_diff(&want.logprobs, &got.logprobs));
-    assert!(max_abs_diff(&want.entropy, &got.entropy) < 1e-5);
-    assert!(want.mask.equal(&got.mask));
+    let loss: fn(&knowrl_engine::score::Scored) -> Tensor =
+        |s| (&s.logprobs * &s.mask).sum(Kind::Float) + s.logprobs.select(0, 1).sum(Kind::Float);
+    let (want, want_g, _) = scored_with_grads(&p, &reqs, 0.7, score_packed, loss);
+    let (got, got_g, _) = scored_with_grads(&p, &reqs, 0.7, score_shared, loss);
+    assert_same_scores_and_grads(&p, (&want, &want_g), (&got, &got_g));
     assert!(want.logprobs.abs().sum(Kind::Float).double_value(&[]) > 1.0);
-    for ((n, _), (w, g)) in p.trainable_parameters().iter().zip(want_g.iter().zip(&got_g)) {
-        let d = max_abs_diff(w, g);
-        assert!(d < 1e-5, "{n}: {d}");
-    }
     // `score` picks the shared path here and returns the same numbers.
     let s = score(&p.lm, &reqs, 0.7, Mode::EVAL);
     assert!(max_abs_diff(&s.logprobs, &want.logprobs) < 1e-5);
@@ -342,31 +362,11 @@ fn rows_sharing_an_observation_score_as_packed_values_and_gradients() {
         ScoreRequest { prompt: b, response: &[11, 50, 2], loss_mask: Some(&[t, f, t]) },
         ScoreRequest { prompt: a, response: &[16, 30, 2], loss_mask: Some(&[t, f, t]) },
     ];
-    let run = |f: fn(
-        &knowrl_engine::models::llama::DecoderLm,
-        &[ScoreRequest],
-        f64,
-        Mode,
-    ) -> knowrl_engine::score::Scored| {
-        let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
-        opt.zero_grad();
-        let flops = knowrl_engine::flops::shared();
-        let s = f(&p.lm, &reqs, 0.9, Mode::TRAIN);
-        let shared = knowrl_engine::flops::shared() - flops;
-        ((&s.logprobs * &s.mask).sum(Kind::Float) + s.entropy.sum(Kind::Float).detach()).backward();
-        let grads: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
-        (s, grads, shared)
-    };
-    let (want, want_g, _) = run(score_packed);
-    let (got, got_g, shared) = run(score_shared);
+    let loss: fn(&knowrl_engine::score::Scored) -> Tensor = |s| (&s.logprobs * &s.mask).sum(Kind::Float);
+    let (want, want_g, _) = scored_with_grads(&p, &reqs, 0.9, score_packed, loss);
+    let (got, got_g, shared) = scored_with_grads(&p, &reqs, 0.9, score_shared, loss);
     assert!(shared > 0.0, "the repeated prefixes count as shared work");
-    assert!(max_abs_diff(&want.logprobs, &got.logprobs) < 1e-5, "{}", max_abs_diff(&want.logprobs, &got.logprobs));
-    assert!(max_abs_diff(&want.entropy, &got.entropy) < 1e-5);
-    assert!(want.mask.equal(&got.mask));
-    for ((n, _), (w, g)) in p.trainable_parameters().iter().zip(want_g.iter().zip(&got_g)) {
-        let d = max_abs_diff(w, g);
-        assert!(d < 1e-5, "{n}: {d}");
-    }
+    assert_same_scores_and_grads(&p, (&want, &want_g), (&got, &got_g));
 }
 
 #[test]
