@@ -3,8 +3,9 @@
 //! step's matmul FLOPs (weight GEMMs and attention products of generation, scoring and
 //! backward, as computed; `knowrl_engine::flops`) divided by this machine's float32 GEMM rate,
 //! measured in the same run. Beside it: the floor of the work with every row computed in full
-//! (sharing copies rows that repeat a prompt or a history) and of the weight GEMMs alone. Writes
-//! bench/results/world-v2-speed.json.
+//! (sharing copies rows that repeat a prompt or a history) and of the weight GEMMs alone, and
+//! one decode step's matmuls against libtorch's and against streaming the weights (a decode
+//! step's floor is the memory's). Writes bench/results/world-v2-speed.json.
 use anyhow::{Context, Result};
 use knowrl_rl::config::TrainConfig;
 use serde_json::{json, Map, Value};
@@ -48,6 +49,43 @@ fn gemm_gflops(m: i64, k: i64, n: i64) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// One decode step's weight matmuls on SmolLM2-135M's shapes (30 layers of q, k, v, o, gate,
+/// up, down, then the 49,152-row LM head: 538 MB of f32), at `rows` rows: best-of-five
+/// seconds through the engine's decode kernel and through libtorch's matmul, and the seconds a
+/// plain libtorch sum takes to stream the same bytes (the step's memory floor).
+fn decode_matmuls(rows: i64) -> (f64, f64, f64) {
+    let f = (Kind::Float, tch::Device::Cpu);
+    let layer = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+    let mut ws: Vec<Tensor> = (0..30).flat_map(|_| layer.map(|(n, k)| Tensor::randn([n, k], f))).collect();
+    ws.push(Tensor::randn([49_152, 576], f));
+    let xs: Vec<Tensor> = ws.iter().map(|w| Tensor::randn([rows, w.size()[1]], f)).collect();
+    let best = |run: &dyn Fn()| {
+        run();
+        (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                run();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::MAX, f64::min)
+    };
+    let ours = best(&|| {
+        for (x, w) in xs.iter().zip(&ws) {
+            let _ = knowrl_engine::kernels::small_gemm::linear(x, w).unwrap_or_else(|| x.matmul(&w.tr()));
+        }
+    });
+    let libtorch = best(&|| {
+        for (x, w) in xs.iter().zip(&ws) {
+            let _ = x.matmul(&w.tr());
+        }
+    });
+    let flat = Tensor::cat(&ws.iter().map(|w| w.view([-1])).collect::<Vec<_>>(), 0);
+    let stream = best(&|| {
+        let _ = flat.sum(Kind::Float).double_value(&[]);
+    });
+    (ours, libtorch, stream)
+}
+
 fn method_name(cfg: &TrainConfig) -> String {
     cfg.method.name()
 }
@@ -63,6 +101,27 @@ pub fn run(a: Args) -> Result<()> {
     let mut probes = vec![probe()];
     let gemm_decode = gemm_gflops(32, 576, 1536);
     println!("float32 GEMM: {:.1} GFLOP/s (512 × 576 × 1536), {gemm_decode:.1} GFLOP/s at 32 rows", probes[0]);
+    // A decode step reads every weight once: at few rows its floor is the memory's, not the GEMM rate.
+    let weight_bytes =
+        4.0 * (30.0 * (2.0 * 576.0 * 576.0 + 2.0 * 192.0 * 576.0 + 3.0 * 1536.0 * 576.0) + 49_152.0 * 576.0);
+    let mut decode = Map::new();
+    for rows in [1i64, 8, 32] {
+        let (ours, libtorch, stream) = decode_matmuls(rows);
+        println!(
+            "decode-step matmuls at {rows} rows: knowrl {:.1} ms, libtorch {:.1} ms ({:.2}×); streaming the weights {:.1} ms ({:.1} GB/s)",
+            ours * 1e3,
+            libtorch * 1e3,
+            libtorch / ours,
+            stream * 1e3,
+            weight_bytes / stream / 1e9
+        );
+        decode.insert(
+            format!("rows_{rows}"),
+            json!({"knowrl_ms": ours * 1e3, "libtorch_ms": libtorch * 1e3, "speedup": libtorch / ours,
+                   "stream_ms": stream * 1e3, "stream_gb_s": weight_bytes / stream / 1e9,
+                   "knowrl_gb_s": weight_bytes / ours / 1e9, "knowrl_gflops": 2.0 * rows as f64 * weight_bytes / 4.0 / ours / 1e9}),
+        );
+    }
     let (mut seconds, mut ratio, mut detail) = (Map::new(), Map::new(), Map::new());
     let scratch = std::env::temp_dir().join(format!("knowrl-world-speed-{}", std::process::id()));
     for path in &a.configs {
@@ -126,6 +185,7 @@ pub fn run(a: Args) -> Result<()> {
         "gemm_gflops": gemm,
         "gemm_gflops_probes": probes,
         "gemm_gflops_32_rows": gemm_decode,
+        "decode_step_matmuls": decode,
         "methods": detail,
         "threads": a.bench_threads,
         "machine": crate::bench_env::machine(),

@@ -2,19 +2,21 @@
 //! autograd.
 //!
 //! Why not MKL: at ≤ 64 rows MKL's sgemm copies ("packs") every weight matrix on every call,
-//! and a decode step reads every weight of the model once, cold from DRAM. In `perf`, packing
-//! was 25% of generation time and the kernel itself 32%. This kernel reads W once, in place,
-//! row by row, and keeps xᵀ in cache: for SmolLM2-135M at 32 rows the matmuls of one decode
-//! step take ~66 ms instead of ~95 ms (bench/results/grpo.json has the end-to-end effect).
+//! and a decode step reads every weight of the model once, cold from DRAM. A decode step is
+//! bound by that read: SmolLM2-135M's 538 MB of f32 weights take 20 ms at the 26 GB/s a plain
+//! libtorch sum reaches on 2 cores (`bench world-speed` measures both: `decode_step_matmuls`).
 //!
-//! Shape of the kernel (the classic outer-product micro-kernel, transposed): a tile of NR rows
-//! of W times xᵀ [K, 16·MV] accumulates C[NR, 16·MV] in 24 zmm registers; each k broadcasts one
-//! weight per W row and multiplies it into MV vectors of x. Tiles are split across libtorch's
-//! OpenMP threads ([`crate::kernels::omp`]). The AVX2 copy is the same kernel on 8-lane ymm vectors with
-//! 12 accumulators (16 registers), over groups of ≤ 32 rows.
+//! Shape of the kernel (dot products, vectors along k): a tile of NR rows of W, each row read
+//! contiguously, times MR rows of x accumulates NR·MR vector sums, which a tree of horizontal
+//! adds turns into a block of y. The W tile is read from DRAM once (for the first block of x
+//! rows) and from L1 for the others, while the next tile is prefetched, so the read streams at
+//! close to the memory's rate; the first kernel here (outer products on a transposed x, W
+//! broadcast element by element from NR strided rows) reached half of it. Tiles are split
+//! across libtorch's OpenMP threads ([`crate::kernels::omp`]). AVX-512: 4 × 4 tiles of 16
+//! lanes; AVX2: 4 × 2 tiles of 8 lanes (16 registers).
 use tch::{Device, Kind, Tensor};
 
-/// Largest row count routed here (4 vectors of 16 rows).
+/// Largest row count routed here.
 pub const MAX_ROWS: i64 = 64;
 
 /// x [.., K] · w [N, K]ᵀ when the fast path applies (f32 CPU, ≤ 64 rows, AVX-512 or AVX2+FMA,
@@ -48,14 +50,8 @@ fn linear_with(isa: Isa, x: &Tensor, w: &Tensor) -> Option<Tensor> {
         let ws = std::slice::from_raw_parts(w.data_ptr() as *const f32, (n * k) as usize);
         let (yp, m, n, k) = (y.data_ptr() as *mut f32, m as usize, n as usize, k as usize);
         match isa {
-            Isa::Avx512 => gemm(xs, ws, yp, m, n, k),
-            _ => {
-                // Groups of ≤ 32 rows: 4 ymm vectors of x per group.
-                for g in 0..m.div_ceil(32) {
-                    let rows = 32.min(m - 32 * g);
-                    gemm_avx2(&xs[32 * g * k..(32 * g + rows) * k], ws, yp.add(32 * g * n), rows, n, k);
-                }
-            }
+            Isa::Avx512 => drive(xs, ws, yp, (m, n, k), 4, &|a| tile_avx512::<4>(a)),
+            _ => drive(xs, ws, yp, (m, n, k), 2, &|a| tile_avx2::<2>(a)),
         }
     }
     Some(y)
@@ -63,160 +59,180 @@ fn linear_with(isa: Isa, x: &Tensor, w: &Tensor) -> Option<Tensor> {
 
 use crate::kernels::vmath::Isa;
 
-/// A tile: (vectors of x rows MV, w at the tile's first row, k, xᵀ, y at the tile's first
-/// column, m, ldy, rows in the tile).
-type Tile<'a> = &'a (dyn Fn(usize, *const f32, usize, *const f32, *mut f32, usize, usize, usize) + Sync);
+/// One tile's work: NR rows of W from `w`, MR rows of x from `x` (both row stride k), the
+/// block of y at `y` (row stride `ldy`), of which `nw` × `nx` are real (a short tile repeats
+/// its last row rather than branching in the inner loop), and the prefetch distance to the
+/// same place in the next tile (0: none).
+struct Tile {
+    w: *const f32,
+    x: *const f32,
+    k: usize,
+    y: *mut f32,
+    ldy: usize,
+    nw: usize,
+    nx: usize,
+    prefetch: usize,
+}
 
-/// y[m, n] = Σ_k x[m, k]·w[n, k], for both kernels: xᵀ zero-padded to whole vectors of
-/// `lanes` rows, W cut into tiles of `accs / MV` rows (`accs` accumulator registers), tiles
-/// split across the OpenMP team. Caller guarantees the slice sizes and `tile`'s features.
+/// W rows per tile: their four sums of one x row make one 128-bit store (`sum4`).
+const NR: usize = 4;
+
+/// y[m, n] = Σ_k x[m, k]·w[n, k]: W in tiles of NR rows split across the OpenMP team, each
+/// tile against every block of `mr` x rows in turn. Caller guarantees the slice sizes and
+/// `tile`'s CPU features.
 unsafe fn drive(
     x: &[f32],
     w: &[f32],
     y: *mut f32,
     (m, n, k): (usize, usize, usize),
-    lanes: usize,
-    accs: usize,
-    tile: Tile,
+    mr: usize,
+    tile: &(dyn Fn(Tile) + Sync),
 ) {
-    let mv = m.div_ceil(lanes);
-    let mp = lanes * mv;
-    let mut xt = vec![0f32; k * mp];
-    for (i, row) in x.chunks_exact(k).enumerate() {
-        for (kk, &v) in row.iter().enumerate() {
-            xt[kk * mp + i] = v;
-        }
-    }
-    let nr = accs / mv;
+    let nr = NR;
     let tiles = n.div_ceil(nr);
     let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
-    let (xt, y) = (xt.as_slice(), y as usize);
+    let y = y as usize;
     crate::kernels::omp::parallel(threads, &|t, nt| {
         let per = tiles.div_ceil(nt);
-        for i in t * per..((t + 1) * per).min(tiles) {
+        let last = ((t + 1) * per).min(tiles);
+        for i in t * per..last {
             let n0 = i * nr;
-            tile(mv, w.as_ptr().add(n0 * k), k, xt.as_ptr(), (y as *mut f32).add(n0), m, n, nr.min(n - n0));
+            for m0 in (0..m).step_by(mr) {
+                // The first block of x rows reads the tile from DRAM: fetch the next tile meanwhile.
+                let prefetch = if m0 == 0 && i + 1 < last { nr * k } else { 0 };
+                tile(Tile {
+                    w: w.as_ptr().add(n0 * k),
+                    x: x.as_ptr().add(m0 * k),
+                    k,
+                    y: (y as *mut f32).add(m0 * n + n0),
+                    ldy: n,
+                    nw: nr.min(n - n0),
+                    nx: mr.min(m - m0),
+                    prefetch,
+                });
+            }
         }
     });
 }
 
-/// AVX-512F: 16-lane vectors, 24 accumulators, ≤ 64 rows.
+/// AVX-512F: NR × MR sums of 16-lane products (k's tail through a masked load).
 #[cfg(target_arch = "x86_64")]
-unsafe fn gemm(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
-    drive(x, w, y, (m, n, k), 16, 24, &|mv, wp, k, xt, yp, m, ldy, rows| unsafe {
-        match mv {
-            1 => tile_kernel::<1, 24>(wp, k, xt, yp, m, ldy, rows),
-            2 => tile_kernel::<2, 12>(wp, k, xt, yp, m, ldy, rows),
-            3 => tile_kernel::<3, 8>(wp, k, xt, yp, m, ldy, rows),
-            _ => tile_kernel::<4, 6>(wp, k, xt, yp, m, ldy, rows),
+#[target_feature(enable = "avx512f,avx512vl,fma")]
+unsafe fn tile_avx512<const MR: usize>(t: Tile) {
+    use std::arch::x86_64::*;
+    let wr: [*const f32; NR] = std::array::from_fn(|r| t.w.add(r.min(t.nw - 1) * t.k));
+    let xr: [*const f32; MR] = std::array::from_fn(|i| t.x.add(i.min(t.nx - 1) * t.k));
+    let mut acc = [[_mm512_setzero_ps(); MR]; NR];
+    let full = t.k / 16 * 16;
+    for kk in (0..full).step_by(16) {
+        let wv: [__m512; NR] = std::array::from_fn(|r| _mm512_loadu_ps(wr[r].add(kk)));
+        if t.prefetch > 0 {
+            // One cache line per W row per step (wrapping: a hint past the end never faults).
+            for p in wr {
+                _mm_prefetch(p.wrapping_add(kk + t.prefetch) as *const i8, _MM_HINT_T0);
+            }
         }
-    });
-}
-
-/// AVX2+FMA: 8-lane vectors, 12 accumulators (of 16 ymm registers), ≤ 32 rows.
-#[cfg(target_arch = "x86_64")]
-unsafe fn gemm_avx2(x: &[f32], w: &[f32], y: *mut f32, m: usize, n: usize, k: usize) {
-    drive(x, w, y, (m, n, k), 8, 12, &|mv, wp, k, xt, yp, m, ldy, rows| unsafe {
-        match mv {
-            1 => tile_kernel_avx2::<1, 12>(wp, k, xt, yp, m, ldy, rows),
-            2 => tile_kernel_avx2::<2, 6>(wp, k, xt, yp, m, ldy, rows),
-            3 => tile_kernel_avx2::<3, 4>(wp, k, xt, yp, m, ldy, rows),
-            _ => tile_kernel_avx2::<4, 3>(wp, k, xt, yp, m, ldy, rows),
+        for i in 0..MR {
+            let xv = _mm512_loadu_ps(xr[i].add(kk));
+            for r in 0..NR {
+                acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+            }
         }
-    });
+    }
+    if full < t.k {
+        let mask = ((1u32 << (t.k - full)) - 1) as __mmask16;
+        let wv: [__m512; NR] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(mask, wr[r].add(full)));
+        for i in 0..MR {
+            let xv = _mm512_maskz_loadu_ps(mask, xr[i].add(full));
+            for r in 0..NR {
+                acc[r][i] = _mm512_fmadd_ps(wv[r], xv, acc[r][i]);
+            }
+        }
+    }
+    // 16 lanes → 8, then the same tree as AVX2's.
+    let half = |v: __m512| {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        _mm256_add_ps(_mm512_castps512_ps256(v), hi)
+    };
+    // A constant trip count keeps `acc` in registers (a runtime one spills it to the stack).
+    for i in 0..MR {
+        if i < t.nx {
+            store(sum4(acc.map(|row| half(row[i]))), t.y.add(i * t.ldy), t.nw);
+        }
+    }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn gemm(_: &[f32], _: &[f32], _: *mut f32, _: usize, _: usize, _: usize) {
-    unreachable!("small_gemm: x86-64 only")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn gemm_avx2(_: &[f32], _: &[f32], _: *mut f32, _: usize, _: usize, _: usize) {
-    unreachable!("small_gemm: x86-64 only")
-}
-
-/// [`tile_kernel`] on 8-lane ymm vectors.
+/// AVX2+FMA: NR × MR sums of 8-lane products (k's tail through a masked load).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_kernel_avx2<const MV: usize, const NR: usize>(
-    w: *const f32,
-    k: usize,
-    xt: *const f32,
-    y: *mut f32,
-    m: usize,
-    ldy: usize,
-    rows: usize,
-) {
+unsafe fn tile_avx2<const MR: usize>(t: Tile) {
     use std::arch::x86_64::*;
-    let mp = 8 * MV;
-    let mut acc = [[_mm256_setzero_ps(); MV]; NR];
-    let wr: [*const f32; NR] = std::array::from_fn(|r| w.add(r.min(rows - 1) * k));
-    for kk in 0..k {
-        let xv: [__m256; MV] = std::array::from_fn(|j| _mm256_loadu_ps(xt.add(kk * mp + 8 * j)));
-        for r in 0..NR {
-            let b = _mm256_set1_ps(*wr[r].add(kk));
-            for j in 0..MV {
-                acc[r][j] = _mm256_fmadd_ps(b, xv[j], acc[r][j]);
+    let wr: [*const f32; NR] = std::array::from_fn(|r| t.w.add(r.min(t.nw - 1) * t.k));
+    let xr: [*const f32; MR] = std::array::from_fn(|i| t.x.add(i.min(t.nx - 1) * t.k));
+    let mut acc = [[_mm256_setzero_ps(); MR]; NR];
+    let mut step = |kk: usize, load: &dyn Fn(*const f32) -> __m256| {
+        let wv: [__m256; NR] = std::array::from_fn(|r| load(wr[r].add(kk)));
+        for i in 0..MR {
+            let xv = load(xr[i].add(kk));
+            for r in 0..NR {
+                acc[r][i] = _mm256_fmadd_ps(wv[r], xv, acc[r][i]);
             }
         }
-    }
-    let mut tmp = [[0f32; 32]; NR];
-    for (t, a) in tmp.iter_mut().zip(&acc).take(rows) {
-        for (j, v) in a.iter().enumerate() {
-            _mm256_storeu_ps(t.as_mut_ptr().add(8 * j), *v);
+    };
+    let full = t.k / 8 * 8;
+    for kk in (0..full).step_by(8) {
+        if t.prefetch > 0 && kk % 16 == 0 {
+            for p in wr {
+                _mm_prefetch(p.wrapping_add(kk + t.prefetch) as *const i8, _MM_HINT_T0);
+            }
         }
+        step(kk, &|p| _mm256_loadu_ps(p));
     }
-    write_transposed(&tmp, y, m, ldy, rows);
-}
-
-/// Writes a tile's columns (`cols[r][i]` = y[i, r], r < rows, i < m) into y (row stride `ldy`).
-#[cfg(target_arch = "x86_64")]
-unsafe fn write_transposed<const L: usize>(cols: &[[f32; L]], y: *mut f32, m: usize, ldy: usize, rows: usize) {
-    for i in 0..m {
-        let out = y.add(i * ldy);
-        for (r, t) in cols.iter().enumerate().take(rows) {
-            *out.add(r) = t[i];
+    if full < t.k {
+        let left = _mm256_set1_epi32((t.k - full) as i32);
+        let mask = _mm256_cmpgt_epi32(left, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        step(full, &|p| _mm256_maskload_ps(p, mask));
+    }
+    for i in 0..MR {
+        if i < t.nx {
+            store(sum4(acc.map(|row| row[i])), t.y.add(i * t.ldy), t.nw);
         }
     }
 }
 
-/// One tile: y[i, r] (row stride `ldy`) = Σ_k w[r, k]·xᵀ[k, i] for r < rows, i < m.
+/// The four horizontal sums of `v` as one vector [Σv₀, Σv₁, Σv₂, Σv₃]: two levels of pairwise
+/// adds within 128-bit lanes, then the halves added (9 instructions for 4 sums, not 4 × 6).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_kernel<const MV: usize, const NR: usize>(
-    w: *const f32,
-    k: usize,
-    xt: *const f32,
-    y: *mut f32,
-    m: usize,
-    ldy: usize,
-    rows: usize,
-) {
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn sum4(v: [std::arch::x86_64::__m256; 4]) -> std::arch::x86_64::__m128 {
     use std::arch::x86_64::*;
-    let mp = 16 * MV;
-    let mut acc = [[_mm512_setzero_ps(); MV]; NR];
-    // A short last tile repeats its last row instead of branching in the inner loop.
-    let wr: [*const f32; NR] = std::array::from_fn(|r| w.add(r.min(rows - 1) * k));
-    for kk in 0..k {
-        let xv: [__m512; MV] = std::array::from_fn(|j| _mm512_loadu_ps(xt.add(kk * mp + 16 * j)));
-        for r in 0..NR {
-            let b = _mm512_set1_ps(*wr[r].add(kk));
-            for j in 0..MV {
-                acc[r][j] = _mm512_fmadd_ps(b, xv[j], acc[r][j]);
-            }
-        }
+    // hadd(a, b) = [a0+a1, a2+a3, b0+b1, b2+b3 | a4+a5, a6+a7, b4+b5, b6+b7]
+    let q = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1))
+}
+
+/// The first `n` (≤ 4) lanes of `v` to `y`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn store(v: std::arch::x86_64::__m128, y: *mut f32, n: usize) {
+    if n == 4 {
+        std::arch::x86_64::_mm_storeu_ps(y, v);
+    } else {
+        let mut lanes = [0f32; 4];
+        std::arch::x86_64::_mm_storeu_ps(lanes.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), y, n);
     }
-    // acc[r] holds column r of this tile's y block; write it row by row.
-    let mut tmp = [[0f32; 64]; NR];
-    for (t, a) in tmp.iter_mut().zip(&acc).take(rows) {
-        for (j, v) in a.iter().enumerate() {
-            _mm512_storeu_ps(t.as_mut_ptr().add(16 * j), *v);
-        }
-    }
-    write_transposed(&tmp, y, m, ldy, rows);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tile_avx512<const MR: usize>(_: Tile) {
+    unreachable!("small_gemm: x86-64 only")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn tile_avx2<const MR: usize>(_: Tile) {
+    unreachable!("small_gemm: x86-64 only")
 }
 
 #[cfg(test)]
@@ -236,8 +252,8 @@ mod tests {
         }
     }
 
-    /// Every row-count class (1–4 vectors, partial vectors, two AVX2 row groups), short last
-    /// tiles, odd K; for each kernel the CPU has.
+    /// Row counts around every block of x rows (whole, partial, one row), short last W tiles,
+    /// K with and without a tail; for each kernel the CPU has.
     #[test]
     fn equals_matmul_for_every_shape_class() {
         #[cfg(target_arch = "x86_64")]
@@ -250,7 +266,7 @@ mod tests {
         tch::manual_seed(0);
         for isa in kernels() {
             for m in [1i64, 5, 8, 9, 16, 17, 31, 32, 33, 48, 63, 64] {
-                for (n, k) in [(1i64, 1i64), (7, 3), (25, 64), (100, 17), (13, 576)] {
+                for (n, k) in [(1i64, 1i64), (7, 3), (25, 64), (100, 17), (13, 576), (6, 24)] {
                     let x = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
                     let w = Tensor::randn([n, k], (Kind::Float, Device::Cpu));
                     let y = linear_with(isa, &x, &w).expect("fast path applies");

@@ -1,6 +1,6 @@
 //! Vector primitives of our CPU kernels (decode attention, RMSNorm, the sampler, AdamW, the LM
 //! head), written as plain loops the compiler vectorises, and [`simd_dispatch!`]: a kernel's hot
-//! loop compiled twice more, with AVX-512F+FMA and with AVX2+FMA, the copy picked at run time by
+//! loop compiled twice more, with AVX-512F+VL+FMA and with AVX2+FMA, the copy picked at run time by
 //! [`isa`] (the crate is built for the x86-64 baseline, whose 128-bit vectors leave most of a
 //! modern core idle). Loops keep explicit 16-lane accumulators, so every copy adds in the same
 //! order and gives the same bits.
@@ -8,7 +8,8 @@
 /// The widest vector extension the kernels use on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512F + FMA: 16 f32 lanes.
+    /// AVX-512F + VL + FMA: 16 f32 lanes, 32 vector registers (without VL, LLVM keeps values
+    /// that start as 128/256-bit zeros in the first 16 and spills accumulators to the stack).
     Avx512,
     /// AVX2 + FMA: 8 f32 lanes (AMD EPYC machines here have no AVX-512).
     Avx2,
@@ -24,7 +25,7 @@ pub fn isa() -> Isa {
     static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
     *ISA.get_or_init(|| {
         let fma = std::is_x86_feature_detected!("fma");
-        let found = if std::is_x86_feature_detected!("avx512f") && fma {
+        let found = if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl") && fma {
             Isa::Avx512
         } else if std::is_x86_feature_detected!("avx2") && fma {
             Isa::Avx2
@@ -53,7 +54,7 @@ macro_rules! simd_dispatch {
         fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,fma")]
+                #[target_feature(enable = "avx512f,avx512vl,fma")]
                 unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
                     $plain($($arg),*)
                 }
