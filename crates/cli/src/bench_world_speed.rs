@@ -32,58 +32,74 @@ pub struct Args {
     pub device: crate::device_args::DeviceArgs,
 }
 
+/// The fastest of five timed runs of `run` (seconds), after one untimed warm-up.
+fn best_of_five(run: &dyn Fn()) -> f64 {
+    run();
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
 /// Best-of-five float32 GEMM rate (GFLOP/s) of an [m, k] × [k, n] product.
 fn gemm_gflops(m: i64, k: i64, n: i64) -> f64 {
     let a = Tensor::randn([m, k], (Kind::Float, tch::Device::Cpu));
     let b = Tensor::randn([k, n], (Kind::Float, tch::Device::Cpu));
     let reps = ((2e9 / (2.0 * (m * k * n) as f64)) as usize).clamp(3, 2000);
-    let _ = a.matmul(&b);
-    (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            for _ in 0..reps {
-                let _ = a.matmul(&b);
-            }
-            2.0 * (m * k * n) as f64 * reps as f64 / t.elapsed().as_secs_f64() / 1e9
-        })
-        .fold(0.0, f64::max)
+    let secs = best_of_five(&|| {
+        for _ in 0..reps {
+            let _ = a.matmul(&b);
+        }
+    });
+    2.0 * (m * k * n) as f64 * reps as f64 / secs / 1e9
 }
 
 /// One decode step's weight matmuls on SmolLM2-135M's shapes (30 layers of q, k, v, o, gate,
-/// up, down, then the 49,152-row LM head: 538 MB of f32), at `rows` rows: best-of-five
-/// seconds through the engine's decode kernel and through libtorch's matmul, and the seconds a
-/// plain libtorch sum takes to stream the same bytes (the step's memory floor).
-fn decode_matmuls(rows: i64) -> (f64, f64, f64) {
+/// up, down, then the 49,152-row LM head: 538 MB of f32) at each of `rows`: best-of-five
+/// milliseconds through the engine's decode kernel and through libtorch's matmul, against the
+/// time a plain libtorch sum takes to stream the same bytes (the step's memory floor).
+fn decode_matmuls(rows: &[i64]) -> Map<String, Value> {
     let f = (Kind::Float, tch::Device::Cpu);
     let layer = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
     let mut ws: Vec<Tensor> = (0..30).flat_map(|_| layer.map(|(n, k)| Tensor::randn([n, k], f))).collect();
     ws.push(Tensor::randn([49_152, 576], f));
-    let xs: Vec<Tensor> = ws.iter().map(|w| Tensor::randn([rows, w.size()[1]], f)).collect();
-    let best = |run: &dyn Fn()| {
-        run();
-        (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                run();
-                t.elapsed().as_secs_f64()
-            })
-            .fold(f64::MAX, f64::min)
-    };
-    let ours = best(&|| {
-        for (x, w) in xs.iter().zip(&ws) {
-            let _ = knowrl_engine::kernels::small_gemm::linear(x, w).unwrap_or_else(|| x.matmul(&w.tr()));
-        }
-    });
-    let libtorch = best(&|| {
-        for (x, w) in xs.iter().zip(&ws) {
-            let _ = x.matmul(&w.tr());
-        }
-    });
     let flat = Tensor::cat(&ws.iter().map(|w| w.view([-1])).collect::<Vec<_>>(), 0);
-    let stream = best(&|| {
-        let _ = flat.sum(Kind::Float).double_value(&[]);
-    });
-    (ours, libtorch, stream)
+    let bytes = 4.0 * flat.numel() as f64;
+    let mut out = Map::new();
+    for &m in rows {
+        let xs: Vec<Tensor> = ws.iter().map(|w| Tensor::randn([m, w.size()[1]], f)).collect();
+        let ours = best_of_five(&|| {
+            for (x, w) in xs.iter().zip(&ws) {
+                let _ = knowrl_engine::kernels::small_gemm::linear(x, w).unwrap_or_else(|| x.matmul(&w.tr()));
+            }
+        });
+        let libtorch = best_of_five(&|| {
+            for (x, w) in xs.iter().zip(&ws) {
+                let _ = x.matmul(&w.tr());
+            }
+        });
+        let stream = best_of_five(&|| {
+            let _ = flat.sum(Kind::Float).double_value(&[]);
+        });
+        println!(
+            "decode-step matmuls at {m} rows: knowrl {:.1} ms, libtorch {:.1} ms ({:.2}×); streaming the weights {:.1} ms ({:.1} GB/s)",
+            ours * 1e3,
+            libtorch * 1e3,
+            libtorch / ours,
+            stream * 1e3,
+            bytes / stream / 1e9
+        );
+        out.insert(
+            format!("rows_{m}"),
+            json!({"knowrl_ms": ours * 1e3, "libtorch_ms": libtorch * 1e3, "speedup": libtorch / ours,
+                   "stream_ms": stream * 1e3, "stream_gb_s": bytes / stream / 1e9,
+                   "knowrl_gb_s": bytes / ours / 1e9, "knowrl_gflops": 2.0 * m as f64 * bytes / 4.0 / ours / 1e9}),
+        );
+    }
+    out
 }
 
 fn method_name(cfg: &TrainConfig) -> String {
@@ -102,26 +118,7 @@ pub fn run(a: Args) -> Result<()> {
     let gemm_decode = gemm_gflops(32, 576, 1536);
     println!("float32 GEMM: {:.1} GFLOP/s (512 × 576 × 1536), {gemm_decode:.1} GFLOP/s at 32 rows", probes[0]);
     // A decode step reads every weight once: at few rows its floor is the memory's, not the GEMM rate.
-    let weight_bytes =
-        4.0 * (30.0 * (2.0 * 576.0 * 576.0 + 2.0 * 192.0 * 576.0 + 3.0 * 1536.0 * 576.0) + 49_152.0 * 576.0);
-    let mut decode = Map::new();
-    for rows in [1i64, 8, 32] {
-        let (ours, libtorch, stream) = decode_matmuls(rows);
-        println!(
-            "decode-step matmuls at {rows} rows: knowrl {:.1} ms, libtorch {:.1} ms ({:.2}×); streaming the weights {:.1} ms ({:.1} GB/s)",
-            ours * 1e3,
-            libtorch * 1e3,
-            libtorch / ours,
-            stream * 1e3,
-            weight_bytes / stream / 1e9
-        );
-        decode.insert(
-            format!("rows_{rows}"),
-            json!({"knowrl_ms": ours * 1e3, "libtorch_ms": libtorch * 1e3, "speedup": libtorch / ours,
-                   "stream_ms": stream * 1e3, "stream_gb_s": weight_bytes / stream / 1e9,
-                   "knowrl_gb_s": weight_bytes / ours / 1e9, "knowrl_gflops": 2.0 * rows as f64 * weight_bytes / 4.0 / ours / 1e9}),
-        );
-    }
+    let decode = decode_matmuls(&[1, 8, 32]);
     let (mut seconds, mut ratio, mut detail) = (Map::new(), Map::new(), Map::new());
     let scratch = std::env::temp_dir().join(format!("knowrl-world-speed-{}", std::process::id()));
     for path in &a.configs {

@@ -88,25 +88,24 @@ unsafe fn drive(
     mr: usize,
     tile: &(dyn Fn(Tile) + Sync),
 ) {
-    let nr = NR;
-    let tiles = n.div_ceil(nr);
+    let tiles = n.div_ceil(NR);
     let threads = (tch::get_num_threads().max(1) as usize).min(tiles);
     let y = y as usize;
     crate::kernels::omp::parallel(threads, &|t, nt| {
         let per = tiles.div_ceil(nt);
         let last = ((t + 1) * per).min(tiles);
         for i in t * per..last {
-            let n0 = i * nr;
+            let n0 = i * NR;
             for m0 in (0..m).step_by(mr) {
                 // The first block of x rows reads the tile from DRAM: fetch the next tile meanwhile.
-                let prefetch = if m0 == 0 && i + 1 < last { nr * k } else { 0 };
+                let prefetch = if m0 == 0 && i + 1 < last { NR * k } else { 0 };
                 tile(Tile {
                     w: w.as_ptr().add(n0 * k),
                     x: x.as_ptr().add(m0 * k),
                     k,
                     y: (y as *mut f32).add(m0 * n + n0),
                     ldy: n,
-                    nw: nr.min(n - n0),
+                    nw: NR.min(n - n0),
                     nx: mr.min(m - m0),
                     prefetch,
                 });
