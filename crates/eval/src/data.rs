@@ -25,6 +25,7 @@ pub fn question_task(q: &Question) -> Task {
         no_tool: Prompt::user(prompts::no_tool(&q.question)),
         query_only: Prompt::user(prompts::query_only(&q.question)),
         with_context: None,
+        mix: None,
     }
 }
 
@@ -38,6 +39,7 @@ pub fn scenario_task(s: &ScenarioItem) -> Task {
         no_tool: Prompt::user(prompts::no_tool(&s.question)),
         query_only: Prompt::user(prompts::query_only(&s.question)),
         with_context: Some(Prompt::user(prompts::with_context(&s.question, &s.context))),
+        mix: Some(s.scenario.clone()),
     }
 }
 

@@ -83,7 +83,8 @@ pub struct DataSection {
     #[serde(default)]
     pub suite: Suite,
     /// Scenarios trained on when `suite = "context"` (ConFiQA-style mix of correct and
-    /// counterfactual contexts by default).
+    /// counterfactual contexts by default), each drawn with an equal share of a step's questions
+    /// whatever its number of items (`task::TaskDraw`).
     #[serde(default = "default_scenarios")]
     pub scenarios: Vec<String>,
     /// `suite = "jsonl"`: a FlashRAG (`{"id","question","golden_answers"}`) or Search-R1

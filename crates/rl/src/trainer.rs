@@ -16,7 +16,7 @@
 use crate::config::TrainConfig;
 use crate::data_parallel;
 use crate::method::{row_seed, MethodState, Shard, StepCtx, StepMetrics, StepOutput, TrainEnv};
-use crate::task::Task;
+use crate::task::{Task, TaskDraw};
 use crate::update::{backward, mask_len, score_old, term_names, LossTerm, Normaliser, PgRow, PgStats};
 use knowrl_engine::checkpoint;
 use knowrl_engine::optim::{AdamW, AdamWConfig};
@@ -110,6 +110,7 @@ pub fn train_with_eval(
     if let (Some(b), true) = (board.as_mut(), start > 0) {
         b.restart(start as i64)?;
     }
+    let draw = TaskDraw::new(tasks);
     let mut all = vec![];
     for step in start..cfg.run.steps {
         let (t0, flops0, attention0, shared0) = (
@@ -118,7 +119,7 @@ pub fn train_with_eval(
             knowrl_engine::flops::attention(),
             knowrl_engine::flops::shared(),
         );
-        let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[rng.below(tasks.len())]).collect();
+        let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[draw.pick(&mut rng)]).collect();
         // This rank's contiguous share of the questions (all of them in one process).
         let shard = Shard::of(group, picks.len());
         let picks = &picks[shard.first_task..shard.first_task + shard.local_tasks];

@@ -55,6 +55,7 @@ pub fn agent_tasks(n: usize) -> Vec<Task> {
             no_tool: Prompt::user(knowrl_world::prompts::no_tool(&q.question)),
             query_only: Prompt::user(knowrl_world::prompts::query_only(&q.question)),
             with_context: None,
+            mix: None,
         })
         .collect()
 }
