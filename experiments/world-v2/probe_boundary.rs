@@ -12,14 +12,9 @@ use knowrl_engine::{LoadOptions, Policy, Rng};
 use knowrl_eval::data::{question_task, questions};
 use knowrl_rl::agent::{rollout, AgentConfig};
 use knowrl_rl::method::NoTool;
-use knowrl_rl::reward::exact_match;
+use knowrl_rl::reward::{exact_match, normalize};
 use knowrl_world::questions::Split;
 use std::collections::HashMap;
-
-fn norm(s: &str) -> String {
-    let s: String = s.to_lowercase().chars().filter(|c| !c.is_ascii_punctuation()).collect();
-    s.split_whitespace().filter(|w| !matches!(*w, "a" | "an" | "the")).collect::<Vec<_>>().join(" ")
-}
 
 /// P(score of a random positive > score of a random negative), ties count ½.
 fn auroc(pos: &[f64], neg: &[f64]) -> f64 {
@@ -55,7 +50,7 @@ fn main() {
                 _ => &task.agent,
             };
             let ids = prompt.ids(tok).unwrap();
-            let greedy = rollout(&policy.lm, tok, &[ids.clone()], &NoTool, &AgentConfig::new(turns, 3, 64, 0.0), &mut [Rng::new(1)]).unwrap();
+            let greedy = rollout(&policy.lm, tok, std::slice::from_ref(&ids), &NoTool, &AgentConfig::new(turns, 3, 64, 0.0), &mut [Rng::new(1)]).unwrap();
             let mut rngs: Vec<Rng> = (0..g).map(|j| Rng::new(5000 + (qi * g + j) as u64)).collect();
             let samples = rollout(&policy.lm, tok, &vec![ids; g], &NoTool, &AgentConfig::new(turns, 3, 64, 1.0), &mut rngs).unwrap();
             let mut counts: HashMap<String, usize> = HashMap::new();
@@ -64,8 +59,10 @@ fn main() {
             let direct = samples.iter().filter(|t| t.tool_calls() == 0 && t.answer.is_some()).count() as f64 / g as f64;
             for t in &samples {
                 let a = t.answer.as_deref().unwrap_or("");
-                *counts.entry(norm(a)).or_default() += 1;
-                lp += t.logprobs.iter().map(|&x| x as f64).sum::<f64>() / t.logprobs.len().max(1) as f64;
+                *counts.entry(normalize(a)).or_default() += 1;
+                // The policy's own tokens only: observation tokens carry a log-prob of 0.
+                let own: Vec<f64> = t.logprobs.iter().zip(&t.loss_mask).filter(|(_, &m)| m).map(|(&x, _)| x as f64).collect();
+                lp += own.iter().sum::<f64>() / own.len().max(1) as f64;
                 em += exact_match(a, &q.golden_answers) as u8 as f64;
             }
             let modal = *counts.values().max().unwrap() as f64 / g as f64;
