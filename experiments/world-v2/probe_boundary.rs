@@ -21,7 +21,13 @@ fn auroc(pos: &[f64], neg: &[f64]) -> f64 {
     let mut s = 0.0;
     for p in pos {
         for n in neg {
-            s += if p > n { 1.0 } else if p == n { 0.5 } else { 0.0 };
+            s += if p > n {
+                1.0
+            } else if p == n {
+                0.5
+            } else {
+                0.0
+            };
         }
     }
     s / (pos.len() * neg.len()) as f64
@@ -50,9 +56,19 @@ fn main() {
                 _ => &task.agent,
             };
             let ids = prompt.ids(tok).unwrap();
-            let greedy = rollout(&policy.lm, tok, std::slice::from_ref(&ids), &NoTool, &AgentConfig::new(turns, 3, 64, 0.0), &mut [Rng::new(1)]).unwrap();
+            let greedy = rollout(
+                &policy.lm,
+                tok,
+                std::slice::from_ref(&ids),
+                &NoTool,
+                &AgentConfig::new(turns, 3, 64, 0.0),
+                &mut [Rng::new(1)],
+            )
+            .unwrap();
             let mut rngs: Vec<Rng> = (0..g).map(|j| Rng::new(5000 + (qi * g + j) as u64)).collect();
-            let samples = rollout(&policy.lm, tok, &vec![ids; g], &NoTool, &AgentConfig::new(turns, 3, 64, 1.0), &mut rngs).unwrap();
+            let samples =
+                rollout(&policy.lm, tok, &vec![ids; g], &NoTool, &AgentConfig::new(turns, 3, 64, 1.0), &mut rngs)
+                    .unwrap();
             let mut counts: HashMap<String, usize> = HashMap::new();
             let mut lp = 0.0;
             let mut em = 0.0;
@@ -61,17 +77,25 @@ fn main() {
                 let a = t.answer.as_deref().unwrap_or("");
                 *counts.entry(normalize(a)).or_default() += 1;
                 // The policy's own tokens only: observation tokens carry a log-prob of 0.
-                let own: Vec<f64> = t.logprobs.iter().zip(&t.loss_mask).filter(|(_, &m)| m).map(|(&x, _)| x as f64).collect();
+                let own: Vec<f64> =
+                    t.logprobs.iter().zip(&t.loss_mask).filter(|(_, &m)| m).map(|(&x, _)| x as f64).collect();
                 lp += own.iter().sum::<f64>() / own.len().max(1) as f64;
                 em += exact_match(a, &q.golden_answers) as u8 as f64;
             }
             let modal = *counts.values().max().unwrap() as f64 / g as f64;
             let gem = exact_match(greedy[0].answer.as_deref().unwrap_or(""), &q.golden_answers) as u8 as f64;
             rows.push((q.min_searches.min(2), [gem, em / g as f64, modal, lp / g as f64, direct]));
-            eprintln!("{prompt_kind} {qi}/{} class {} greedy EM {gem} modal {modal:.2} lp {:.3}", qs.len(), q.min_searches, lp / g as f64);
+            eprintln!(
+                "{prompt_kind} {qi}/{} class {} greedy EM {gem} modal {modal:.2} lp {:.3}",
+                qs.len(),
+                q.min_searches,
+                lp / g as f64
+            );
         }
         println!("\n## {prompt_kind} prompt\n");
-        println!("| class | n | greedy EM | sample EM | modal share | mean token log-prob | answers without a search |");
+        println!(
+            "| class | n | greedy EM | sample EM | modal share | mean token log-prob | answers without a search |"
+        );
         println!("|---|---|---|---|---|---|---|");
         for c in 0..3 {
             let v: Vec<&[f64; 5]> = rows.iter().filter(|r| r.0 == c).map(|r| &r.1).collect();
@@ -79,7 +103,8 @@ fn main() {
             let name = ["PK (0 searches needed)", "1 needed", "2+ needed"][c];
             println!("| {name} | {} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |", v.len(), m(0), m(1), m(2), m(3), m(4));
         }
-        let sig = |i: usize, pk: bool| -> Vec<f64> { rows.iter().filter(|r| (r.0 == 0) == pk).map(|r| r.1[i]).collect() };
+        let sig =
+            |i: usize, pk: bool| -> Vec<f64> { rows.iter().filter(|r| (r.0 == 0) == pk).map(|r| r.1[i]).collect() };
         println!(
             "\nAUROC, PK vs the rest: modal share {:.3}, mean token log-prob {:.3}, answers without a search {:.3}",
             auroc(&sig(2, true), &sig(2, false)),
@@ -87,7 +112,13 @@ fn main() {
             auroc(&sig(4, true), &sig(4, false))
         );
         // Within the questions it answers right greedily vs wrong: is confidence about correctness?
-        let by_em = |i: usize, right: bool| -> Vec<f64> { rows.iter().filter(|r| (r.1[0] == 1.0) == right).map(|r| r.1[i]).collect() };
-        println!("AUROC, greedy right vs wrong: modal share {:.3}, mean token log-prob {:.3}", auroc(&by_em(2, true), &by_em(2, false)), auroc(&by_em(3, true), &by_em(3, false)));
+        let by_em = |i: usize, right: bool| -> Vec<f64> {
+            rows.iter().filter(|r| (r.1[0] == 1.0) == right).map(|r| r.1[i]).collect()
+        };
+        println!(
+            "AUROC, greedy right vs wrong: modal share {:.3}, mean token log-prob {:.3}",
+            auroc(&by_em(2, true), &by_em(2, false)),
+            auroc(&by_em(3, true), &by_em(3, false))
+        );
     }
 }
