@@ -4,9 +4,9 @@
 The world's counterfactual passages cite a dubious source ("A made-up almanac says X was born in
 Y."), as the Knowledgeable-R1 paper describes ConFiQA's wrong contexts. A policy can then learn to
 distrust the source's wording instead of weighing the context against what it knows. This copy
-rewrites every such passage in `scenarios.jsonl` (S2, S5 and the S2-mc chains) the way a correct
+rewrites every such passage in `scenarios.jsonl` (those of S2 and of S3's conflicts) the way a correct
 passage reads: the entity's intro sentence from its encyclopedia passage, then the claim
-("Y is a city. X was born in Y." style). Everything else is linked, not copied.
+("X is a public figure. X was born in Y."). Everything else is linked, not copied.
 
 usage: unmark_counterfactuals.py WORLD OUT
 """
@@ -25,25 +25,25 @@ SOURCES = [
 ]
 
 
-def intros(world):
-    """title -> first sentence of the entity's encyclopedia passage."""
-    out = {}
+def passages(world):
+    """The world's passages by id, and title -> first sentence of the entity's encyclopedia passage."""
+    by_id, intro_of = {}, {}
     for line in open(os.path.join(world, "passages.jsonl")):
         p = json.loads(line)
-        if p["kind"] != "encyclopedia":
-            continue
-        title, body = p["contents"].split("\n", 1)
-        out[title] = body.split(". ", 1)[0].rstrip(".") + "."
-    return out
+        by_id[p["id"]] = p
+        if p["kind"] == "encyclopedia":
+            title, body = p["contents"].split("\n", 1)
+            intro_of[title] = body.split(". ", 1)[0].rstrip(".") + "."
+    return by_id, intro_of
 
 
 def unmark(passage, intro_of):
+    """A counterfactual passage without its source; an error if its source is not one we know."""
     title, body = passage.split("\n", 1)
     for s in SOURCES:
         if body.startswith(s + " "):
-            claim = body[len(s) + 1 :]
-            return f"{title}\n{intro_of[title]} {claim}", True
-    return passage, False
+            return f"{title}\n{intro_of[title]} {body[len(s) + 1 :]}"
+    raise ValueError(f"counterfactual passage with an unknown source (corpus.rs SOURCES changed?): {passage!r}")
 
 
 def main(world, out):
@@ -51,19 +51,17 @@ def main(world, out):
     for name in os.listdir(world):
         if name != "scenarios.jsonl" and not os.path.exists(os.path.join(out, name)):
             os.symlink(os.path.abspath(os.path.join(world, name)), os.path.join(out, name))
-    intro_of = intros(world)
+    by_id, intro_of = passages(world)
     changed = total = 0
     with open(os.path.join(out, "scenarios.jsonl"), "w") as f:
         for line in open(os.path.join(world, "scenarios.jsonl")):
             item = json.loads(line)
-            ctx = []
-            for p in item.get("context") or []:
-                q, did = unmark(p, intro_of)
-                changed += did
-                total += 1
-                ctx.append(q)
             if item.get("context") is not None:
-                item["context"] = ctx
+                # Which passages are counterfactual comes from the world's own labels.
+                counterfactual = [by_id[i]["kind"] == "counterfactual" for i in item["context_ids"]]
+                item["context"] = [unmark(p, intro_of) if cf else p for p, cf in zip(item["context"], counterfactual)]
+                changed += sum(counterfactual)
+                total += len(counterfactual)
             f.write(json.dumps(item, ensure_ascii=False) + "\n")
     print(f"{out}: {changed} of {total} context passages unmarked", file=sys.stderr)
 
