@@ -12,7 +12,8 @@ use std::path::PathBuf;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
 pub enum Suite {
-    /// Knowledgeable-R1's S1–S5 on the world's test split (world prompts).
+    /// Knowledgeable-R1's S1–S5 on the world's test split (world prompts), and S2p (S2's
+    /// counterfactuals stated plainly, without a made-up source).
     WorldScenarios,
     /// The search agent on the world's test split (world prompts and retriever): EM, TC, TP,
     /// oracle boundary accuracy.
@@ -164,7 +165,7 @@ pub fn run(a: Args) -> Result<()> {
     };
     let report: Value = match a.suite {
         Suite::WorldScenarios => {
-            let all = ["S1", "S2", "S3", "S4", "S5"].map(String::from);
+            let all = knowrl_world::suites::SCENARIOS.map(String::from);
             let items = take(scenario_items(&a.world, world_split, &all).map_err(anyhow::Error::msg)?, a.limit);
             let refs: Vec<_> = items.iter().collect();
             let raw = knowrl_eval::scenario_responses(responder, &refs, |s| {

@@ -180,7 +180,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
     report.insert("pk_query_only_em".into(), json!(by(true)));
     report.insert("nonpk_query_only_em".into(), json!(by(false)));
 
-    // Context scenarios S1–S5 (EM against the true answer).
+    // Context scenarios S1–S5 and S2p (EM against the true answer).
     let mut items: Vec<&ScenarioItem> = scenarios.iter().filter(|s| s.split == Split::Test).collect();
     if a.scenario_limit > 0 {
         // The first `scenario_limit` of each scenario-variant, in file order (deterministic).
@@ -219,10 +219,14 @@ pub fn run(a: EvalArgs) -> Result<()> {
         rate(x, n)
     };
     report.insert("s1_em".into(), json!(sum("S1-", false)));
-    report.insert(
-        "s2_pk_em".into(),
-        json!(rate(table.get("S2-qa").map_or(0, |v| v.2), table.get("S2-qa").map_or(0, |v| v.3))),
-    );
+    let pk_qa = |scenario: &str| {
+        let v = table.get(&format!("{scenario}-qa")).copied().unwrap_or_default();
+        json!(rate(v.2, v.3))
+    };
+    report.insert("s2_pk_em".into(), pk_qa("S2"));
+    // The same counterfactuals stated plainly (no made-up source): no target, a check that
+    // context dominance does not hang on the source's wording.
+    report.insert("s2p_pk_em".into(), pk_qa("S2p"));
     let scen: Value = table
         .iter()
         .map(|(k, v)| (k.clone(), json!({"em": rate(v.0, v.1), "n": v.1, "pk_em": rate(v.2, v.3), "pk_n": v.3})))
@@ -334,6 +338,7 @@ pub fn run(a: EvalArgs) -> Result<()> {
         "nonpk_query_only_em",
         "s1_em",
         "s2_pk_em",
+        "s2p_pk_em",
         "agent_pk_search_rate",
         "agent_2hop_em",
         "retriever_recall3_hop1",

@@ -128,7 +128,10 @@ pub fn score_scenarios(items: &[&ScenarioItem], answers: &[String]) -> ScenarioR
         if let Some(c) = &s.context_answer {
             r.follows_context.entry(s.scenario.clone()).or_default().add(exact_match(a, std::slice::from_ref(c)));
         }
-        r.knowledge.entry(knowledge_class(s).into()).or_default().add(ok);
+        // Table 4 is over the paper's scenarios; S2p would count S2's questions twice.
+        if knowrl_world::suites::PAPER_SCENARIOS.contains(&s.scenario.as_str()) {
+            r.knowledge.entry(knowledge_class(s).into()).or_default().add(ok);
+        }
     }
     r
 }
@@ -466,6 +469,20 @@ mod tests {
         assert_eq!(r.follows_context["S2"].rate(), 1.0);
         assert_eq!(r.pk_em["S2-qa"].rate(), 0.0);
         assert!(!r.pk_em.contains_key("S4-qa"));
+    }
+
+    #[test]
+    fn s2p_is_scored_beside_s2_but_not_in_the_knowledge_classes() {
+        let items = [item("S2", true, Some("Lyon")), item("S2p", true, Some("Lyon"))];
+        let refs: Vec<&ScenarioItem> = items.iter().collect();
+        // Follows the cited counterfactual, resists the plain one.
+        let r = score_scenarios(&refs, &["Lyon".into(), "Paris".into()]);
+        assert_eq!(r.overall["S2"], Count { correct: 0, n: 1 });
+        assert_eq!(r.overall["S2p"], Count { correct: 1, n: 1 });
+        assert_eq!(r.follows_context["S2p"].rate(), 0.0);
+        assert_eq!(r.pk_em["S2p-qa"], Count { correct: 1, n: 1 });
+        // Table 4 counts the S2 item only (S2p asks the same question again).
+        assert_eq!(r.knowledge["TIFE"], Count { correct: 0, n: 1 });
     }
 
     #[test]

@@ -82,6 +82,10 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The scenario names `data.scenarios` accepts: the world's (`knowrl_world::suites::SCENARIOS`,
+/// which this crate does not depend on; a test holds the two equal).
+const SCENARIOS: [&str; 6] = ["S1", "S2", "S2p", "S3", "S4", "S5"];
+
 impl TrainConfig {
     /// The dotted path of the first field where `self` and `other` differ (`run.steps`), if any.
     pub fn first_difference(&self, other: &TrainConfig) -> Option<String> {
@@ -122,8 +126,9 @@ impl TrainConfig {
         if self.data.suite == Suite::Jsonl && self.data.path.is_none() {
             return bad("data.path", "suite = \"jsonl\" needs a jsonl file".into());
         }
-        if let Some(s) = self.data.scenarios.iter().find(|s| !matches!(s.as_str(), "S1" | "S2" | "S3" | "S4" | "S5")) {
-            return bad("data.scenarios", format!("unknown scenario {s:?} (S1..S5)"));
+        let known = SCENARIOS;
+        if let Some(s) = self.data.scenarios.iter().find(|s| !known.contains(&s.as_str())) {
+            return bad("data.scenarios", format!("unknown scenario {s:?} ({})", known.join(", ")));
         }
         self.method.spec().validate(&self.rollout)
     }
@@ -143,5 +148,13 @@ fn first_difference(a: &serde_json::Value, b: &serde_json::Value, at: String) ->
             x.iter().zip(y).enumerate().find_map(|(i, (p, q))| first_difference(p, q, format!("{at}[{i}]")))
         }
         _ => (a != b).then_some(at),
+    }
+}
+
+#[cfg(test)]
+mod scenario_names {
+    #[test]
+    fn the_accepted_scenarios_are_the_worlds() {
+        assert_eq!(super::SCENARIOS, knowrl_world::suites::SCENARIOS);
     }
 }

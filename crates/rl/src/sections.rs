@@ -84,7 +84,9 @@ pub struct DataSection {
     pub suite: Suite,
     /// Scenarios trained on when `suite = "context"` (ConFiQA-style mix of correct and
     /// counterfactual contexts by default), each drawn with an equal share of a step's questions
-    /// whatever its number of items (`task::TaskDraw`).
+    /// whatever its number of items (`task::TaskDraw`). S1..S5, or S2p: S2's counterfactuals
+    /// stated plainly, without the made-up source the world's S2 passages cite (["S1", "S2p"]
+    /// trains without that cue).
     #[serde(default = "default_scenarios")]
     pub scenarios: Vec<String>,
     /// `suite = "jsonl"`: a FlashRAG (`{"id","question","golden_answers"}`) or Search-R1

@@ -69,6 +69,14 @@ pub fn counterfactual_text(world: &World, f: &Fact, variant: usize) -> String {
     format!("{} {}", SOURCES[variant % SOURCES.len()], sentence(world, f.subject, f.relation, f.counterfactual))
 }
 
+/// `f`'s counterfactual stated plainly, worded as a correct passage is ("X is a public figure. X
+/// was born in Y."), as ConFiQA states its counterfactuals: no source gives it away (scenario
+/// S2p). Search-R1 `contents`, like a corpus passage's.
+pub fn plain_counterfactual_contents(world: &World, f: &Fact) -> String {
+    let text = format!("{} {}", intro(world, f.subject), sentence(world, f.subject, f.relation, f.counterfactual));
+    title_contents(&world.entity(f.subject).name, &text)
+}
+
 const FILLER_TOPICS: [&str; 8] = ["weather", "harvest", "festival", "railway", "river", "market", "bridge", "library"];
 
 pub fn build(world: &World, seed: u64, fillers: usize) -> Vec<WorldPassage> {

@@ -501,6 +501,8 @@ pub fn examples(built: &Built, cfg: &PretrainConfig) -> Vec<Example> {
         .scenarios
         .iter()
         .filter(|s| s.split == Split::Train && (s.pk_answerable || s.scenario == "S2" || !cfg.pk_only_targets))
+        // The paper's scenarios only: S2p repeats S2's items (and would reorder this draw).
+        .filter(|s| crate::suites::PAPER_SCENARIOS.contains(&s.scenario.as_str()))
         .collect();
     crate::shuffle(&mut reading, &mut rng);
     for s in

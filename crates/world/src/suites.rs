@@ -5,13 +5,24 @@
 //! S1 correct context · S2 counterfactual context · S3 self-conflicting (gold and counterfactual
 //! together) · S4 irrelevant passages only · S5 partially relevant ("top-k": gold passages mixed
 //! with look-alike and same-kind distractors).
-use crate::corpus::WorldPassage;
+//!
+//! The world's counterfactual passages cite a made-up source ("A made-up almanac says …"), which
+//! a policy can learn to distrust without weighing the context against what it knows; ConFiQA
+//! states its counterfactuals plainly. **S2p** is S2 with each counterfactual passage stated
+//! plainly (`corpus::plain_counterfactual_contents`): the same questions, answers and passage
+//! ids, only the source's wording gone. It is not one of the paper's scenarios (`PAPER_SCENARIOS`).
+use crate::corpus::{PassageKind, WorldPassage};
 use crate::questions::{Question, Split};
 use crate::shuffle;
 use crate::world::World;
 use knowrl_engine::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+
+/// Knowledgeable-R1 §4.1.2's scenarios.
+pub const PAPER_SCENARIOS: [&str; 5] = ["S1", "S2", "S3", "S4", "S5"];
+/// Every scenario the world builds: the paper's and S2p (S2 stated plainly).
+pub const SCENARIOS: [&str; 6] = ["S1", "S2", "S2p", "S3", "S4", "S5"];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioItem {
@@ -22,6 +33,7 @@ pub struct ScenarioItem {
     pub split: Split,
     pub question: String,
     pub golden_answers: Vec<String>,
+    /// The corpus passages the context shows (S2p restates its counterfactual ones plainly).
     pub context_ids: Vec<String>,
     pub context: Vec<String>,
     /// What a reader that trusts the context would answer (None: the context does not decide).
@@ -55,7 +67,7 @@ pub fn build(
     let mut rng = Rng::new(seed ^ 0x5CE4_A210);
     let by_id: HashMap<&str, &WorldPassage> = passages.iter().map(|p| (p.id.as_str(), p)).collect();
     let entity_passages: Vec<&str> =
-        passages.iter().filter(|p| p.kind == crate::corpus::PassageKind::Encyclopedia).map(|p| p.id.as_str()).collect();
+        passages.iter().filter(|p| p.kind == PassageKind::Encyclopedia).map(|p| p.id.as_str()).collect();
     let mut out = vec![];
     for q in questions {
         let gold: Vec<String> = q.chain.iter().map(|&f| format!("e{}", world.facts[f].subject)).collect();
@@ -64,6 +76,12 @@ pub fn build(
         let last = &world.facts[*q.chain.last().unwrap()];
         let variant = if q.hops == 1 { "qa" } else { "mr" };
         let mut push = |scenario: &str, variant: &str, ids: Vec<String>, ctx_answer: Option<usize>| {
+            let contents = |id: &String| match by_id[id.as_str()] {
+                p if scenario == "S2p" && p.kind == PassageKind::Counterfactual => {
+                    crate::corpus::plain_counterfactual_contents(world, &world.facts[p.fact.unwrap()])
+                }
+                p => p.contents.clone(),
+            };
             out.push(ScenarioItem {
                 id: format!("{}-{}-{}", q.id, scenario.to_lowercase(), variant),
                 question_id: q.id.clone(),
@@ -72,7 +90,7 @@ pub fn build(
                 split: q.split,
                 question: q.question.clone(),
                 golden_answers: q.golden_answers.clone(),
-                context: ids.iter().map(|i| by_id[i.as_str()].contents.clone()).collect(),
+                context: ids.iter().map(contents).collect(),
                 context_ids: ids,
                 context_answer: ctx_answer.map(|e| world.entity(e).name.clone()),
                 pk_answerable: q.pk_answerable,
@@ -85,6 +103,7 @@ pub fn build(
         let mut s2 = gold.clone();
         *s2.last_mut().unwrap() = format!("cf{}", last.id);
         push("S2", variant, s2.clone(), Some(last.counterfactual));
+        push("S2p", variant, s2.clone(), Some(last.counterfactual));
         // S3: gold and counterfactual together.
         let mut s3 = gold.clone();
         s3.push(format!("cf{}", last.id));
@@ -95,6 +114,7 @@ pub fn build(
             if let Some((cf, wrong)) = counterfactual_chain(world, q) {
                 let ids: Vec<String> = cf.iter().map(|f| format!("cf{f}")).collect();
                 push("S2", "mc", ids.clone(), Some(wrong));
+                push("S2p", "mc", ids.clone(), Some(wrong));
                 let mut both = gold.clone();
                 both.extend(ids);
                 shuffle(&mut both, &mut rng);

@@ -112,7 +112,7 @@ fn splits_do_not_overlap_and_scenarios_are_consistent() {
         let all = s.context.join("\n");
         match s.scenario.as_str() {
             "S1" | "S5" => assert!(all.contains(&q.answer), "{}: answer missing from context", s.id),
-            "S2" => {
+            "S2" | "S2p" => {
                 let wrong = s.context_answer.as_ref().unwrap();
                 assert_ne!(wrong, &q.answer);
                 assert!(all.contains(wrong.as_str()), "{}", s.id);
@@ -130,12 +130,43 @@ fn splits_do_not_overlap_and_scenarios_are_consistent() {
         }
         seen.insert((s.scenario.clone(), s.variant.clone()));
     }
-    for sc in ["S1", "S2", "S3", "S4", "S5"] {
+    for sc in knowrl_world::suites::SCENARIOS {
         for v in ["qa", "mr"] {
             assert!(seen.contains(&(sc.to_string(), v.to_string())), "{sc}-{v} missing");
         }
     }
     assert!(seen.contains(&("S2".into(), "mc".into())) && seen.contains(&("S3".into(), "mc".into())));
+    assert!(seen.contains(&("S2p".into(), "mc".into())));
+}
+
+#[test]
+fn s2p_is_s2_without_the_made_up_source() {
+    let b = knowrl_world::build(&small());
+    let of = |name: &str| b.scenarios.iter().filter(|s| s.scenario == name).collect::<Vec<_>>();
+    let (s2, s2p) = (of("S2"), of("S2p"));
+    assert_eq!(s2.len(), s2p.len());
+    let sources = ["fan wiki", "travel blog", "forum post", "newsletter", "pamphlet", "almanac"];
+    for (a, p) in s2.iter().zip(&s2p) {
+        assert_eq!(p.id, a.id.replace("-s2-", "-s2p-"));
+        assert_eq!(
+            (&p.question_id, &p.variant, &p.context_ids, &p.context_answer, &p.golden_answers, p.split),
+            (&a.question_id, &a.variant, &a.context_ids, &a.context_answer, &a.golden_answers, a.split)
+        );
+        for ((id, cited), plain) in a.context_ids.iter().zip(&a.context).zip(&p.context) {
+            if id.starts_with("cf") {
+                // Same title; the source's words are gone.
+                let title = cited.split_once('\n').unwrap().0;
+                assert!(plain.starts_with(&format!("{title}\n")), "{plain}");
+                assert!(sources.iter().any(|s| cited.contains(s)), "{cited}");
+                assert!(!sources.iter().any(|s| plain.contains(s)), "{plain}");
+            } else {
+                assert_eq!(cited, plain);
+            }
+        }
+        // The last passage states what the context answers (a chain's end, for mc).
+        let stated = p.context_answer.as_deref().unwrap();
+        assert!(p.context.last().unwrap().ends_with(&format!(" {stated}.")), "{:?} should state {stated}", p.context);
+    }
 }
 
 #[test]

@@ -161,7 +161,7 @@ pub(super) fn untrained<T: Serialize + DeserializeOwned>(
 ) -> Result<T> {
     let dir = a.runs.join(format!("reproduce-{method}/{}", slug(name)));
     let path = dir.join("result.toml");
-    let key = eval_key(a);
+    let key = eval_key(a, method);
     if let Some(f) = read_toml::<Finished<T>>(&path)?.filter(|f| f.eval_key == key) {
         eprintln!("{name}: from {}", path.display());
         return Ok(f.eval);
@@ -175,8 +175,24 @@ pub(super) fn untrained<T: Serialize + DeserializeOwned>(
     Ok(f.eval)
 }
 
-fn eval_key(a: &Args) -> String {
-    format!("test split, limit {}", a.limit)
+/// The step of a run directory's last checkpoint (0 without one).
+fn checkpointed_step(dir: &Path) -> Result<u64> {
+    let Some(latest) = knowrl_engine::checkpoint::latest(&dir.join("checkpoints"))? else { return Ok(0) };
+    let name = latest.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    name.strip_prefix("step-")
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("{}: not a step-N checkpoint", latest.display()))
+}
+
+/// What an evaluation asked: the test items (`--limit`) and, for Knowledgeable-R1, the
+/// scenarios (a record from before S2p existed is re-evaluated, not reported with a hole).
+fn eval_key(a: &Args, method: &str) -> String {
+    match method {
+        "knowledgeable-r1" => {
+            format!("test split, limit {}, {}", a.limit, knowrl_world::suites::SCENARIOS.join(" "))
+        }
+        _ => format!("test split, limit {}", a.limit),
+    }
 }
 
 /// The arms `--arms` selects (all when it is empty); an unknown name is an error listing them.
@@ -219,7 +235,7 @@ pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
     eval: Evaluate<T>,
 ) -> Result<(Vec<Row<T>>, Value)> {
     let chosen = selected(arms, a)?;
-    let key = eval_key(a);
+    let key = eval_key(a, method);
     struct Plan {
         arm: usize,
         cfg: TrainConfig,
@@ -277,11 +293,17 @@ pub(super) fn run_arms<T: Serialize + DeserializeOwned>(
         plans.iter().filter_map(|p| p.done.as_ref().map(|f| (p.arm, f.wall_s / p.cfg.run.steps as f64))).collect();
     let todo: Vec<&Plan> = plans.iter().filter(|p| chosen[p.arm] && p.done.is_none()).collect();
     let costs: Vec<f64> = arms.iter().map(|a| a.step_cost).collect();
-    let todo_steps: Vec<(usize, u64)> = todo.iter().map(|p| (p.arm, p.cfg.run.steps)).collect();
+    // An interrupted run resumes from its last checkpoint; a trained one whose record is stale
+    // (another eval_key) is only evaluated again.
+    let mut todo_steps: Vec<(usize, u64)> = vec![];
+    for p in &todo {
+        todo_steps.push((p.arm, p.cfg.run.steps.saturating_sub(checkpointed_step(&p.dir)?)));
+    }
     let expected = expected_seconds(&timed, &todo_steps, &costs, typical_step_s);
     eprintln!(
-        "reproduce {method}: {} runs to train ({} finished earlier); expected ≈ {:.0} min on this machine",
+        "reproduce {method}: {} runs to train or evaluate, {} steps to train ({} runs finished earlier); training expected ≈ {:.0} min on this machine, plus an evaluation per run",
         todo.len(),
+        todo_steps.iter().map(|t| t.1).sum::<u64>(),
         plans.iter().filter(|p| p.done.is_some()).count(),
         expected.max(0.0) / 60.0
     );
@@ -583,6 +605,19 @@ mod tests {
         assert_eq!(expected_seconds(&timed, &[(0, 8), (2, 2)], &costs, 160.0), 400.0 + 2000.0);
         // Nothing timed: the typical step (160) times each arm's cost.
         assert_eq!(expected_seconds(&[], &[(0, 4), (1, 1)], &costs, 160.0), 320.0 + 160.0);
+    }
+
+    #[test]
+    fn remaining_steps_start_from_the_last_checkpoint() {
+        let dir = std::env::temp_dir().join(format!("knowrl-checkpointed-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("checkpoints")).unwrap();
+        assert_eq!(checkpointed_step(&dir.join("absent")).unwrap(), 0);
+        assert_eq!(checkpointed_step(&dir).unwrap(), 0);
+        std::fs::write(dir.join("checkpoints/latest"), "step-00000048\n").unwrap();
+        assert_eq!(checkpointed_step(&dir).unwrap(), 48);
+        std::fs::write(dir.join("checkpoints/latest"), "elsewhere\n").unwrap();
+        assert!(checkpointed_step(&dir).unwrap_err().to_string().contains("not a step-N checkpoint"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
