@@ -4,7 +4,8 @@
 The world's counterfactual passages cite a dubious source ("A made-up almanac says X was born in
 Y."), as the Knowledgeable-R1 paper describes ConFiQA's wrong contexts. A policy can then learn to
 distrust the source's wording instead of weighing the context against what it knows. This copy
-rewrites every such passage in `scenarios.jsonl` (those of S2 and of S3's conflicts) the way a correct
+rewrites every such passage in `scenarios.jsonl` (those of S2 and of S3's conflicts; S2p, the world's own
+plain S2, is copied as it is) the way a correct
 passage reads: the entity's intro sentence from its encyclopedia passage, then the claim
 ("X is a public figure. X was born in Y."). Everything else is linked, not copied.
 
@@ -56,7 +57,8 @@ def main(world, out):
     with open(os.path.join(out, "scenarios.jsonl"), "w") as f:
         for line in open(os.path.join(world, "scenarios.jsonl")):
             item = json.loads(line)
-            if item.get("context") is not None:
+            # S2p (the world's own plain S2) is already unmarked.
+            if item.get("context") is not None and item["scenario"] != "S2p":
                 # Which passages are counterfactual comes from the world's own labels.
                 counterfactual = [by_id[i]["kind"] == "counterfactual" for i in item["context_ids"]]
                 item["context"] = [unmark(p, intro_of) if cf else p for p, cf in zip(item["context"], counterfactual)]

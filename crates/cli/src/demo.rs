@@ -1,5 +1,5 @@
 //! `knowrl demo`: the main job on the embedded default: evaluate the world's shipped policy on
-//! the context scenarios S1–S5 and the agent suite (assets/world), train it briefly with GRPO
+//! the context scenarios S1–S5 and S2p and the agent suite (assets/world), train it briefly with GRPO
 //! on the agent suite and show the validation split before/after, then a generation smoke test
 //! on the base model, SmolLM2-135M-Instruct (fetched by `make models`).
 use anyhow::{Context, Result};

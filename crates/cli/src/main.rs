@@ -42,7 +42,7 @@ struct Cli {
 enum Cmd {
     /// Generate from a Hugging Face model directory (batched, KV-cached).
     Generate(generate::Args),
-    /// The main job on the embedded default: evaluate the world's policy (S1–S5, the agent), then
+    /// The main job on the embedded default: evaluate the world's policy (S1–S5 and S2p, the agent), then
     /// a short GRPO run with validation agent EM before and after it.
     Demo(demo::Args),
     /// Benchmarks, side by side with the Python peer a user would otherwise pick.

@@ -1,5 +1,5 @@
 //! `knowrl world eval`: the shipped policy's calibration on the world's test split (greedy):
-//! query-only EM on PK / non-PK questions, EM under each context scenario S1–S5, the agent's
+//! query-only EM on PK / non-PK questions, EM under each context scenario S1–S5 and S2p, the agent's
 //! search rate and EM per hop count, the tiny retriever's recall@3 per hop; whether the policy
 //! reads rather than looks up (S1-qa on a world built with another seed, never trained on), and
 //! its room to explore (the share of 8-sample groups at temperature 1 whose rewards differ).

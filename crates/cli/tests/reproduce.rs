@@ -35,7 +35,11 @@ fn a_rerun_reads_finished_arms_back_and_refuses_a_changed_config() {
 
     let first = reproduce(&base, &[]);
     assert!(first.status.success(), "{}", stderr(&first));
-    assert!(stderr(&first).contains("1 runs to train (0 finished earlier)"), "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("1 runs to train or evaluate, 2 steps to train (0 runs finished earlier)"),
+        "{}",
+        stderr(&first)
+    );
     let run = base.join("runs/reproduce-knowledgeable-r1/grpo-w-rag-seed1");
     assert!(run.join("result.toml").is_file() && run.join("config.toml").is_file());
     let wall = report(&base)["arms"]["GRPO w/ RAG"]["wall_s"].clone();
@@ -44,7 +48,11 @@ fn a_rerun_reads_finished_arms_back_and_refuses_a_changed_config() {
     // The second sitting trains nothing and reports the same row.
     let second = reproduce(&base, &[]);
     assert!(second.status.success(), "{}", stderr(&second));
-    assert!(stderr(&second).contains("0 runs to train (1 finished earlier)"), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("0 runs to train or evaluate, 0 steps to train (1 runs finished earlier)"),
+        "{}",
+        stderr(&second)
+    );
     assert!(stderr(&second).contains("seed 1 from"), "{}", stderr(&second));
     assert_eq!(report(&base)["arms"]["GRPO w/ RAG"]["wall_s"], wall);
 
@@ -57,6 +65,7 @@ fn a_rerun_reads_finished_arms_back_and_refuses_a_changed_config() {
     std::fs::write(run.join("checkpoints/latest"), "step-00000001").unwrap();
     let resumed = reproduce(&base, &[]);
     assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert!(stderr(&resumed).contains("1 runs to train or evaluate, 1 steps to train"), "{}", stderr(&resumed));
     let rows = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(rows.lines().count(), 2, "{rows}");
     assert_eq!(rows.lines().next(), Some(step0.as_str()), "step 0 was not run again");

@@ -1,5 +1,5 @@
 //! Evaluation of a policy, greedy decoding throughout:
-//! - `scenarios`: Knowledgeable-R1's context-reliability suites S1–S5 (EM against the true
+//! - `scenarios`: Knowledgeable-R1's context-reliability suites S1–S5 and S2p (EM against the true
 //!   answer, overall and on the PK-answerable subset), how often the answer follows the context,
 //!   and Table 4's TITE / TIFE / FITE / FIFE breakdown;
 //! - `agent`: the search agent's EM per hop count, tool calls per question (TC), tool
@@ -87,7 +87,7 @@ pub struct ScenarioReport {
     pub em: BTreeMap<String, Count>,
     /// The same on PK-answerable questions.
     pub pk_em: BTreeMap<String, Count>,
-    /// Per scenario S1..S5, all variants together.
+    /// Per scenario (S1..S5, S2p), all variants together.
     pub overall: BTreeMap<String, Count>,
     /// Answers equal to what the context states (where it states one).
     pub follows_context: BTreeMap<String, Count>,

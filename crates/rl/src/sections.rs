@@ -227,7 +227,8 @@ pub struct RunSection {
     /// Checkpoint every N steps (0 = only at the end).
     pub checkpoint_every: u64,
     /// Greedy evaluation on the validation split every N steps (0 = never), appended to
-    /// `<out_dir>/eval.jsonl` (agent suite: EM/TC/TP; context suite: S1–S5 EM).
+    /// `<out_dir>/eval.jsonl` (agent suite: EM/TC/TP; context suite: S1–S5 EM, and S2p when
+    /// `data.scenarios` holds it).
     #[serde(default)]
     pub eval_every: u64,
     /// Validation questions per periodic evaluation (0 = all).

@@ -85,6 +85,16 @@ fn the_method_section_holds_the_methods_fields() {
     assert!(parse("[method]\nname = \"bridge\"\nk = 4\n").is_ok());
 }
 
+#[test]
+fn data_scenarios_accepts_the_worlds_names_and_names_the_field_otherwise() {
+    let mut c = parse("").unwrap();
+    c.data.scenarios = vec!["S1".into(), "S2p".into()];
+    assert_eq!(c.validate(), Ok(()));
+    c.data.scenarios = vec!["S1".into(), "S6".into()];
+    let e = c.validate().unwrap_err();
+    assert!(e.contains("data.scenarios") && e.contains("\"S6\"") && e.contains("S2p"), "{e}");
+}
+
 /// The modules a file's code names through `crate::` (`use crate::a::B`, `use crate::{a, b::C}`,
 /// `crate::a::f(…)`).
 fn crate_refs(code: &str) -> BTreeSet<String> {

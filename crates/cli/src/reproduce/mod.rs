@@ -129,7 +129,8 @@ pub(super) type Row<T> = (String, Vec<T>, Vec<f64>);
 /// was evaluated on, and the run's time.
 #[derive(Serialize, Deserialize, Clone)]
 struct Finished<T> {
-    /// The test items the evaluation saw (`--limit`); another value re-evaluates the checkpoint.
+    /// The test items the evaluation saw (`--limit`, and for knowledgeable-r1 the scenario list);
+    /// another value re-evaluates the checkpoint.
     eval_key: String,
     eval: T,
     step_s: f64,
