@@ -6,7 +6,7 @@ use knowrl_eval::ScenarioReport;
 use knowrl_rl::knowledgeable_r1::Beta;
 use knowrl_rl::task::Prompt;
 use knowrl_world::questions::Split;
-use knowrl_world::suites::SCENARIOS;
+use knowrl_world::suites::{ScenarioItem, SCENARIOS};
 use serde_json::json;
 
 /// Seconds per step on 2 cores (8 questions × 8 one-turn answers; world v2, AMD EPYC, measured
@@ -16,11 +16,28 @@ const M: &str = "knowledgeable-r1";
 /// The scenarios whose context states an answer (S3's states two, S4's none).
 const MEMORY_SCENARIOS: [&str; 4] = ["S1", "S2", "S2p", "S5"];
 
+/// The test items: all of them, or under `--limit` a sample of the paper's five scenarios (the
+/// same sample as before S2p existed) plus the S2p twin of each sampled S2 item, so that S2 and
+/// S2p are compared on the same questions.
+fn test_items(all: Vec<ScenarioItem>, limit: usize) -> Vec<ScenarioItem> {
+    if limit == 0 {
+        return all;
+    }
+    let (plain, paper): (Vec<ScenarioItem>, Vec<ScenarioItem>) = all.into_iter().partition(|s| s.scenario == "S2p");
+    let mut items = sample(paper, limit);
+    let twin_of = |p: &ScenarioItem| {
+        items.iter().any(|s| s.scenario == "S2" && s.question_id == p.question_id && s.variant == p.variant)
+    };
+    let twins: Vec<ScenarioItem> = plain.into_iter().filter(twin_of).collect();
+    items.extend(twins);
+    items
+}
+
 pub fn run(a: Args) -> Result<()> {
     let base = base_config(&a, "configs/world-knowledgeable-r1.toml")?;
     let world = base.data.world.clone();
     let all = SCENARIOS.map(String::from).to_vec();
-    let items = sample(scenario_items(&world, Split::Test, &all).map_err(anyhow::Error::msg)?, a.limit);
+    let items = test_items(scenario_items(&world, Split::Test, &all).map_err(anyhow::Error::msg)?, a.limit);
     let refs: Vec<&knowrl_world::suites::ScenarioItem> = items.iter().collect();
     let rag = |s: &knowrl_world::suites::ScenarioItem| {
         Prompt::user(knowrl_world::prompts::with_context(&s.question, &s.context))
@@ -182,4 +199,29 @@ pub fn run(a: Args) -> Result<()> {
     });
     let out = out_path(&a, M);
     write_outputs(&out, &json, &md, &[Figure { suffix: "-scenarios", alt: "EM by scenario", svg }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limited_sample_keeps_the_paper_scenarios_draw_and_pairs_s2p_with_s2() {
+        let world = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/tiny-world");
+        let all = scenario_items(&world, Split::Test, &SCENARIOS.map(String::from)).unwrap();
+        let paper: Vec<ScenarioItem> = all.iter().filter(|s| s.scenario != "S2p").cloned().collect();
+        assert_eq!(test_items(all.clone(), 0).len(), all.len());
+        let items = test_items(all, 40);
+        let ids = |v: &[ScenarioItem]| v.iter().map(|s| s.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&items[..40]), ids(&sample(paper, 40)), "the paper scenarios' sample changed");
+        let twins = |name: &str| {
+            let mut v: Vec<_> =
+                items.iter().filter(|s| s.scenario == name).map(|s| (&s.question_id, &s.variant)).collect();
+            v.sort();
+            v
+        };
+        let (s2, s2p) = (twins("S2"), twins("S2p"));
+        assert!(!s2.is_empty());
+        assert_eq!(s2p, s2, "every sampled S2 item and only those has its S2p twin");
+    }
 }

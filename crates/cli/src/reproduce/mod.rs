@@ -189,8 +189,10 @@ fn checkpointed_step(dir: &Path) -> Result<u64> {
 /// scenarios (a record from before S2p existed is re-evaluated, not reported with a hole).
 fn eval_key(a: &Args, method: &str) -> String {
     match method {
+        // Under --limit, S2p is the sampled S2 items' twins (`knowledgeable_r1::test_items`).
         "knowledgeable-r1" => {
-            format!("test split, limit {}, {}", a.limit, knowrl_world::suites::SCENARIOS.join(" "))
+            let paired = if a.limit > 0 { ", S2p paired with S2" } else { "" };
+            format!("test split, limit {}, {}{paired}", a.limit, knowrl_world::suites::SCENARIOS.join(" "))
         }
         _ => format!("test split, limit {}", a.limit),
     }
