@@ -73,6 +73,12 @@ pub struct ImplantConfig {
     pub detours: usize,
     #[serde(default)]
     pub shadow_detours: usize,
+    /// Agent-prompt answers given without a search, per epoch (`direct_answer`): train questions
+    /// drawn whatever their boundary, so that the agent samples an answer without a search now
+    /// and then, on questions it knows and on questions it does not alike, and RL has a choice
+    /// to reinforce. 0 (the shipped adapter): every trained trajectory searches.
+    #[serde(default)]
+    pub direct: usize,
     /// The tiny retriever (trained on the world; see `pretrain::train_encoder`).
     pub encoder_vocab: usize,
     pub encoder_hidden: i64,
@@ -104,6 +110,7 @@ impl Default for ImplantConfig {
             shadow_agent: 30,
             detours: 20,
             shadow_detours: 30,
+            direct: 0,
             encoder_vocab: 4000,
             encoder_hidden: 96,
             encoder_layers: 2,
@@ -296,8 +303,30 @@ pub fn epoch_examples(built: &Built, cfg: &ImplantConfig, epoch: usize) -> Vec<E
             }
         }
     }
+    // Its own generator, so that `direct = 0` draws every other item exactly as before it existed.
+    let mut direct_rng = Rng::new(cfg.seed ^ 0xD1EC_7000 ^ (epoch as u64).wrapping_mul(0x9E37_79B9));
+    crate::shuffle(&mut train, &mut direct_rng);
+    for q in train.iter().take(cfg.direct) {
+        out.push(Example {
+            user: Some(prompts::agent(&q.question)),
+            segments: vec![(direct_answer(w, q, &mut direct_rng), true)],
+        });
+    }
     crate::shuffle(&mut out, &mut rng);
     out
+}
+
+/// An answer without a search: the truth when every hop is in PK, else a guess of the answer's
+/// kind (an over-confident reader's, as a real model's direct answers are). A guess is never
+/// the true object, so no target states a non-PK fact; it is drawn afresh each epoch, so no
+/// wrong association is learnt either.
+fn direct_answer(w: &World, q: &Question, rng: &mut Rng) -> String {
+    let truth = w.facts[*q.chain.last().expect("a question has a hop")].object;
+    if q.pk_answerable {
+        return prompts::answer(&w.entity(truth).name);
+    }
+    let pool: Vec<usize> = w.of_kind(w.entity(truth).kind).into_iter().filter(|&e| e != truth).collect();
+    prompts::answer(&w.entity(pool[rng.below(pool.len())]).name)
 }
 
 /// True when an example's trained text states a real-world fact that is not in PK: a

@@ -117,3 +117,42 @@ fn epochs_are_fresh_draws_and_a_seed_is_deterministic() {
     let e = toml::from_str::<ImplantConfig>(bad).unwrap_err().to_string();
     assert!(e.contains("sed") && e.contains("line 7"), "{e}");
 }
+
+#[test]
+fn direct_answers_cover_both_boundaries_state_no_non_pk_fact_and_leave_the_rest_of_the_draw() {
+    let built = built();
+    let w = &built.world;
+    let off = ImplantConfig::default();
+    let on = ImplantConfig { direct: 40, ..off.clone() };
+    let is_direct =
+        |e: &Example| e.segments.len() == 1 && e.user.as_deref().is_some_and(|u| u.starts_with("Search with <search>"));
+    let (base, with) = (epoch_examples(&built, &off, 3), epoch_examples(&built, &on, 3));
+    assert!(!base.iter().any(is_direct), "the default trains a direct answer");
+    let direct: Vec<&Example> = with.iter().filter(|e| is_direct(e)).collect();
+    assert_eq!(direct.len(), 40);
+    // Everything else is the default's draw (order aside).
+    let key = |e: &Example| format!("{e:?}");
+    let mut rest: Vec<String> = with.iter().filter(|e| !is_direct(e)).map(key).collect();
+    let mut expected: Vec<String> = base.iter().map(key).collect();
+    rest.sort();
+    expected.sort();
+    assert_eq!(rest, expected);
+    let (mut known, mut guessed) = (0, 0);
+    for e in &direct {
+        assert!(!states_non_pk_fact(&built, e), "{e:?}");
+        let u = e.user.as_deref().unwrap();
+        let q = built.questions.iter().find(|q| knowrl_world::prompts::agent(&q.question) == u).unwrap();
+        let said = &e.segments[0].0;
+        if q.pk_answerable {
+            assert_eq!(said, &knowrl_world::prompts::answer(&q.answer));
+            known += 1;
+        } else {
+            assert_ne!(said, &knowrl_world::prompts::answer(&q.answer));
+            // A guess of the answer's kind.
+            let truth = w.entity(w.facts[*q.chain.last().unwrap()].object).kind;
+            assert!(w.entities.iter().any(|x| x.kind == truth && said == &knowrl_world::prompts::answer(&x.name)));
+            guessed += 1;
+        }
+    }
+    assert!(known > 0 && guessed > 0, "{known} known, {guessed} guessed");
+}
