@@ -9,7 +9,8 @@
 //!   every evaluated question is a held-out phrasing.
 //! - **Formats**: the world's answer tags, the no-tool format on PK questions, and Search-R1
 //!   search-agent trajectories that search every hop, PK questions included (the tool over-use
-//!   AKBE removes); observation tokens are masked out of the loss.
+//!   AKBE removes; `direct` adds answers without a search, on any question, for probes that
+//!   need an agent which explores skipping it); observation tokens are masked out of the loss.
 //! - **Reading**, which fact training alone destroys (a PEFT probe followed a counterfactual
 //!   context 0.00 of the time after 6 fact epochs, against 0.78 for the base model): context
 //!   items answered with what the context says, S2 counterfactual contexts included (context
