@@ -18,17 +18,17 @@ if [ ! -f "$W/policy/adapter_model.safetensors" ]; then
 fi
 cp "$W/implant.toml" "$OUT/implant.toml"
 [ -f "$OUT/calibration.json" ] || $K world eval --world "$W" --out "$OUT/calibration.json" 2>&1 | tee "$OUT/calibration.log"
-if [ ! -f "$OUT/boundary-agent.md" ]; then
-  mkdir -p crates/eval/examples && cp experiments/world-v2/probe_boundary.rs crates/eval/examples/
-  cargo run --release --example probe_boundary -p knowrl-eval -- "$W" 8 "$W/policy" agent > "$OUT/boundary-agent.md"
-  rm -r crates/eval/examples
-fi
-$K reproduce akbe --config experiments/world-v2/world-akbe-direct.toml --seeds "$SEEDS" --ablation-seeds "$SEEDS" \
+# The agent-prompt boundary probe (experiments/README.md: it runs as an example of knowrl-eval).
+mkdir -p crates/eval/examples && cp experiments/world-v2/probe_boundary.rs crates/eval/examples/
+trap 'rm -rf crates/eval/examples' EXIT
+probe() { cargo run --release --example probe_boundary -p knowrl-eval -- "$W" 8 "$1" agent > "$2"; }
+[ -f "$OUT/boundary-agent.md" ] || probe "$W/policy" "$OUT/boundary-agent.md"
+# A rerun would rewrite the report with this sitting's wall time only: skipped once it exists.
+[ -f "$OUT/reproduce-akbe.json" ] || $K reproduce akbe --config experiments/world-v2/world-akbe-direct.toml --seeds "$SEEDS" --ablation-seeds "$SEEDS" \
   --arms "GRPO,GRPO + AKBE,AKBE with-tool teacher prompt,GRPO + OTC reward" \
   --runs runs/akbe-direct --out "$OUT/reproduce-akbe.json" 2>&1 | tee -a "$OUT/reproduce.log"
 # Does the search decision read the boundary after training? The same agent-prompt probe on each
 # arm's final checkpoint (exported as by_step.sh does).
-mkdir -p crates/eval/examples && cp experiments/world-v2/probe_boundary.rs crates/eval/examples/
 for arm in grpo grpo-akbe; do
   [ -f "$OUT/boundary-agent-$arm.md" ] && continue
   run=runs/akbe-direct/reproduce-akbe/$arm-seed1
@@ -36,7 +36,6 @@ for arm in grpo grpo-akbe; do
   cp -r "$run/checkpoints/step-00000008" "$tmp/checkpoints/" && printf 'step-00000008' > "$tmp/checkpoints/latest"
   sed -e "s|^out_dir = .*|out_dir = \"$tmp\"|" "$run/config.toml" > "$tmp/config.toml"
   $K train --config "$tmp/config.toml" --resume --export "$tmp/model" > "$tmp/train.log" 2>&1
-  cargo run --release --example probe_boundary -p knowrl-eval -- "$W" 8 "$tmp/model" agent > "$OUT/boundary-agent-$arm.md"
+  probe "$tmp/model" "$OUT/boundary-agent-$arm.md"
   rm -rf "$tmp"
 done
-rm -r crates/eval/examples

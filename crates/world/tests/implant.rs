@@ -124,8 +124,11 @@ fn direct_answers_cover_both_boundaries_state_no_non_pk_fact_and_leave_the_rest_
     let w = &built.world;
     let off = ImplantConfig::default();
     let on = ImplantConfig { direct: 40, ..off.clone() };
-    let is_direct =
-        |e: &Example| e.segments.len() == 1 && e.user.as_deref().is_some_and(|u| u.starts_with("Search with <search>"));
+    let agent_q = |e: &Example| -> Option<&knowrl_world::questions::Question> {
+        let u = e.user.as_deref()?;
+        built.questions.iter().find(|q| knowrl_world::prompts::agent(&q.question) == u)
+    };
+    let is_direct = |e: &Example| e.segments.len() == 1 && agent_q(e).is_some();
     let (base, with) = (epoch_examples(&built, &off, 3), epoch_examples(&built, &on, 3));
     assert!(!base.iter().any(is_direct), "the default trains a direct answer");
     let direct: Vec<&Example> = with.iter().filter(|e| is_direct(e)).collect();
@@ -140,8 +143,7 @@ fn direct_answers_cover_both_boundaries_state_no_non_pk_fact_and_leave_the_rest_
     let (mut known, mut guessed) = (0, 0);
     for e in &direct {
         assert!(!states_non_pk_fact(&built, e), "{e:?}");
-        let u = e.user.as_deref().unwrap();
-        let q = built.questions.iter().find(|q| knowrl_world::prompts::agent(&q.question) == u).unwrap();
+        let q = agent_q(e).unwrap();
         let said = &e.segments[0].0;
         if q.pk_answerable {
             assert_eq!(said, &knowrl_world::prompts::answer(&q.answer));
