@@ -6,7 +6,8 @@
 //! in the middle of a row's cache ("holes"); RoPE positions count only real tokens, so a resumed
 //! sequence is computed exactly as if it had been one contiguous prompt. A row whose history
 //! and new block equal an earlier row's (a prompt's G samples; samples of a group that issued
-//! the same search and got the same observation) is not computed: it gets a copy of that row.
+//! the same search and got the same observation, or that sampled the same tokens so far) is not
+//! computed: it gets a copy of that row's new cache slots and logits.
 use crate::error::{EngineError, Result};
 use crate::layers::Mode;
 use crate::models::llama::{DecoderLm, KvCache};
@@ -43,8 +44,9 @@ pub struct DecodeStats {
     pub forwards: usize,
     /// Batch rows computed, summed over forwards (finished rows moved out are not computed).
     pub rows_computed: usize,
-    /// Rows of multi-token feeds copied from an identical row instead of computed, and their
-    /// tokens (a prompt's G samples; samples of a group that issued the same search).
+    /// Rows of feeds copied from an identical row instead of computed, and their tokens (a
+    /// prompt's G samples; samples of a group that issued the same search or sampled the same
+    /// tokens: at temperature 1 two thirds of a GRPO rollout's decode rows).
     pub rows_shared: usize,
     pub tokens_shared: usize,
 }
@@ -155,10 +157,10 @@ impl<'a> DecodeSession<'a> {
         }
         let t0 = std::time::Instant::now();
         let fed: Vec<usize> = (0..b).filter(|&r| !blocks[r].is_empty()).collect();
-        // A multi-token block whose row repeats an earlier row (same history, same block) is not
-        // computed: that row's cache row and logits are copied after the pass. Its row stays in
-        // the computed front (no reorder) as a row of padding, which a packed pass skips.
-        let copies = if t > 1 { same_as_earlier(&self.history, blocks) } else { vec![] };
+        // A block whose row repeats an earlier row (same history, same block) is not computed:
+        // that row's new cache slots and logits are copied after the pass. Its row stays in the
+        // computed front (no reorder) as a row of padding, which a packed pass skips.
+        let copies = same_as_earlier(&self.history, blocks);
         let mut copied = vec![false; b];
         copies.iter().for_each(|&(r, _)| copied[r] = true);
         self.compact(&fed);
@@ -171,10 +173,14 @@ impl<'a> DecodeSession<'a> {
         // Real tokens per computed cache row (0 for a row inside the front that takes none).
         let mut lens = vec![0usize; k];
         for (r, block) in blocks.iter().enumerate() {
-            let block: &[u32] = if copied[r] { &[] } else { block };
+            // A copied row's new slots will hold its source's block, laid out as its own.
             let off = t - block.len();
             self.valid[r].extend((0..t).map(|i| i >= off));
             self.history[r].extend_from_slice(block);
+            if copied[r] {
+                self.n_real[r] += block.len() as i64;
+                continue;
+            }
             let s = self.slot[r];
             if s >= k {
                 continue; // not computed: its new slots are holes
@@ -204,7 +210,9 @@ impl<'a> DecodeSession<'a> {
         }
         let mut front = self.cache.front_rows(k as i64);
         let padded = lens.iter().any(|&n| n != t);
-        let last = if t > 1 && padded {
+        // The computed cache rows, and the hidden state of each one's last token.
+        let computed: Vec<usize> = (0..k).filter(|&s| lens[s] > 0).collect();
+        let last = if padded {
             // A ragged block (observations, prompts of different lengths): the projections and
             // MLPs run on the real tokens only. Row s's last token is packed row Σ_{<s} lens + lens[s] − 1.
             let packing = crate::models::llama::Packing::right_aligned(&lens, t, dev);
@@ -214,8 +222,11 @@ impl<'a> DecodeSession<'a> {
                 .iter()
                 .scan(0i64, |end, &n| {
                     *end += n as i64;
-                    Some((*end - 1).max(0))
+                    Some(*end - 1)
                 })
+                .zip(&lens)
+                .filter(|(_, &n)| n > 0)
+                .map(|(e, _)| e)
                 .collect();
             hidden.index_select(0, &Tensor::from_slice(&ends).to_device(dev))
         } else {
@@ -223,19 +234,26 @@ impl<'a> DecodeSession<'a> {
             hidden.select(1, -1)
         };
         self.cache.len += t as i64;
+        // LM head on the computed rows only; a copied row takes its source's logits.
         let logits = tch::no_grad(|| self.lm.logits(&last));
-        let in_place = fed.len() == b && fed.iter().all(|&r| self.slot[r] == r);
+        let mut at = vec![usize::MAX; k];
+        computed.iter().enumerate().for_each(|(i, &s)| at[s] = i);
+        let mut source: Vec<usize> = (0..b).collect();
+        copies.iter().for_each(|&(r, from)| source[r] = from);
+        let pick: Vec<i64> = fed.iter().map(|&r| at[self.slot[source[r]]] as i64).collect();
+        let in_place = fed.len() == b
+            && fed.iter().all(|&r| self.slot[r] == r)
+            && pick.iter().enumerate().all(|(i, &p)| p == i as i64);
         self.last_logits = Some(if in_place {
-            logits // every row fed, in cache order: no [B, V] copy
+            logits // every row fed and computed, in cache order: no [B, V] copy
         } else {
             let to = |v: Vec<i64>| Tensor::from_slice(&v).to_device(dev);
-            let (rows, slots) =
-                (to(fed.iter().map(|&r| r as i64).collect()), to(fed.iter().map(|&r| self.slot[r] as i64).collect()));
+            let rows = to(fed.iter().map(|&r| r as i64).collect());
             let old = self
                 .last_logits
                 .take()
                 .unwrap_or_else(|| Tensor::zeros([b as i64, logits.size()[1]], (logits.kind(), dev)));
-            old.index_copy(0, &rows, &logits.index_select(0, &slots))
+            old.index_copy(0, &rows, &logits.index_select(0, &to(pick)))
         });
         // The copied rows' work, as computing them would have counted it: their tokens, their
         // attention pairs (row r's i-th new token sees its n_real + i + 1 real keys) and one LM-head row.
@@ -244,9 +262,9 @@ impl<'a> DecodeSession<'a> {
             (tk + n, pr + n * before + n * (n + 1) / 2)
         });
         crate::flops::add_shared(self.lm.forward_flops(tokens, pairs, copies.len() as i64, 0));
-        self.copy_rows(&copies);
+        self.copy_slots(&copies, past as i64);
         self.stats.forwards += 1;
-        self.stats.rows_computed += k - copies.len();
+        self.stats.rows_computed += computed.len();
         self.stats.rows_shared += copies.len();
         self.stats.tokens_shared += copies.iter().map(|&(r, _)| blocks[r].len()).sum::<usize>();
         self.stats.launch_s += t0.elapsed().as_secs_f64();
@@ -254,8 +272,10 @@ impl<'a> DecodeSession<'a> {
         self.stats.forward_s += t0.elapsed().as_secs_f64();
     }
 
-    /// Rows `(r, from)`: row r becomes a copy of row `from` (cache row, mask, position, logits).
-    fn copy_rows(&mut self, pairs: &[(usize, usize)]) {
+    /// Rows `(r, from)` with equal histories before this feed: row r's cache slots from `first`
+    /// on (this feed's) become copies of row `from`'s. Its earlier slots stay: they hold the same
+    /// tokens, and the new keys and values depend only on those tokens and their positions.
+    fn copy_slots(&mut self, pairs: &[(usize, usize)], first: i64) {
         if pairs.is_empty() {
             return;
         }
@@ -265,18 +285,7 @@ impl<'a> DecodeSession<'a> {
             to(pairs.iter().map(|&(r, _)| self.slot[r] as i64).collect()),
             to(pairs.iter().map(|&(_, f)| self.slot[f] as i64).collect()),
         );
-        self.cache.copy_rows(&src, &dst);
-        let (rows, froms) =
-            (to(pairs.iter().map(|&(r, _)| r as i64).collect()), to(pairs.iter().map(|&(_, f)| f as i64).collect()));
-        if let Some(l) = self.last_logits.as_mut() {
-            let picked = l.index_select(0, &froms);
-            let _ = l.index_copy_(0, &rows, &picked);
-        }
-        for &(r, from) in pairs {
-            self.valid[r] = self.valid[from].clone();
-            self.n_real[r] = self.n_real[from];
-            self.history[r] = self.history[from].clone();
-        }
+        self.cache.copy_rows(&src, &dst, first);
     }
 
     /// Generates for `rows` (each with its own params and generator) until eos, a stop string
@@ -460,7 +469,12 @@ mod tests {
     use crate::{LoadOptions, Policy};
 
     fn tiny_policy() -> Policy {
-        let v = serde_json::json!({"model_type": "qwen3", "vocab_size": 61, "hidden_size": 32,
+        tiny_of("qwen3")
+    }
+
+    /// `qwen3` has q/k norms, which the one-pass decode kernel does not take; `llama` runs it.
+    fn tiny_of(model_type: &str) -> Policy {
+        let v = serde_json::json!({"model_type": model_type, "vocab_size": 61, "hidden_size": 32,
             "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
             "tie_word_embeddings": true});
@@ -471,6 +485,36 @@ mod tests {
     /// Rows that repeat an earlier row (same prompt; then the same turn and the same
     /// observation) are copied rather than computed, and go on exactly as if computed: each
     /// generates what it generates alone from its concatenated history.
+    /// Sampled rows that share a prompt share their decode steps until their tokens differ:
+    /// each row's tokens and log-probs are those it gets generated alone with its generator,
+    /// through the one-pass decode kernel (llama) and the row-by-row attention (qwen3).
+    #[test]
+    fn sampled_rows_share_decode_steps_until_they_differ() {
+        for model_type in ["llama", "qwen3"] {
+            let p = tiny_of(model_type);
+            let (a, b) = (vec![3u32, 4, 5, 6], vec![7u32, 8]);
+            let prompts = vec![a.clone(), a.clone(), b.clone(), a.clone(), b.clone(), a.clone()];
+            let params = SamplingParams { temperature: 0.05, ..SamplingParams::greedy(10) }; // near-flat random logits: diverge partway
+            let mut s = DecodeSession::new(&p.lm, prompts.len(), 0);
+            s.append(&prompts).unwrap();
+            let prompt_copies = s.stats.rows_shared;
+            let all: Vec<usize> = (0..prompts.len()).collect();
+            let mut rngs: Vec<Rng> = (0..prompts.len() as u64).map(Rng::new).collect();
+            let got = s.generate(&all, &vec![params.clone(); prompts.len()], &mut rngs, None, &[]).unwrap();
+            let decode_copies = s.stats.rows_shared - prompt_copies;
+            assert!(decode_copies > 0, "{model_type}: no decode step was shared");
+            let distinct: std::collections::HashSet<&Vec<u32>> = got.iter().map(|g| &g.tokens).collect();
+            assert!(distinct.len() > 2, "{model_type}: the samples never diverged, so the test shows little");
+            for (r, prompt) in prompts.iter().enumerate() {
+                let alone = generate(&p.lm, None, std::slice::from_ref(prompt), &params, &[r as u64], &[], 0).unwrap();
+                assert_eq!(got[r].tokens, alone[0].tokens, "{model_type} row {r}");
+                for (x, y) in got[r].logprobs.iter().zip(&alone[0].logprobs) {
+                    assert!((x - y).abs() < 1e-4, "{model_type} row {r}: {x} vs {y}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn repeated_rows_are_copied_and_continue_as_computed() {
         let p = tiny_policy();
@@ -483,13 +527,16 @@ mod tests {
         let mut rngs = vec![Rng::new(0); 5];
         let first = s.generate(&all, &vec![SamplingParams::greedy(3); 5], &mut rngs, None, &[]).unwrap();
         assert_eq!(first[0].tokens, first[2].tokens);
+        // Greedy, the copies sample what their sources do: each of the two decode feeds (the
+        // third token stays pending) copies rows 2, 3 (row 0's) and 4 (row 1's).
+        assert_eq!((s.stats.rows_shared, s.stats.tokens_shared), (3 + 6, 10 + 6), "decode feeds share too");
         // Rows 0 and 2 take the same observation (row 2 is copied), row 3 another one; rows 1
         // and 4 the same one (row 4 is copied).
         let obs = vec![vec![40u32, 41, 42], vec![50, 51], vec![40, 41, 42], vec![43, 44], vec![50, 51]];
         s.append(&obs).unwrap();
         assert_eq!(
             (s.stats.rows_shared, s.stats.tokens_shared),
-            (5, 10 + 4 + 3),
+            (9 + 2, 16 + 4 + 3),
             "the copied tokens include the pending one"
         );
         let second = s.generate(&all, &vec![SamplingParams::greedy(4); 5], &mut rngs, None, &[]).unwrap();

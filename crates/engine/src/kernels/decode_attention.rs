@@ -10,11 +10,11 @@ use tch::{Device, Kind, Tensor};
 
 /// The inputs of one layer's decode step.
 pub struct DecodeStep<'a> {
-    /// Projections before RoPE: q [b, 1, nh·d], k and v [b, 1, nkv·d].
+    /// Projections before RoPE: q [n, 1, nh·d], k and v [n, 1, nkv·d].
     pub q: &'a Tensor,
     pub k: &'a Tensor,
     pub v: &'a Tensor,
-    /// RoPE tables [b, 1, 1, d] at each row's position.
+    /// RoPE tables [n, 1, 1, d] at each row's position.
     pub cos: &'a Tensor,
     pub sin: &'a Tensor,
     /// Cache buffers [b, nkv, capacity, d] (the front rows of a larger buffer are fine); the new
@@ -27,6 +27,10 @@ pub struct DecodeStep<'a> {
     pub n_heads: i64,
     pub n_kv: i64,
     pub head_dim: i64,
+    /// The cache (and mask) row of each of the n query rows, when only some rows run (a packed
+    /// decode step: rows that repeat another row are copied, not computed); `None`: n = b and
+    /// query row r is cache row r. Cache rows not named are left untouched.
+    pub rows: Option<&'a [usize]>,
 }
 
 /// Attention output [b, 1, nh·d] (heads concatenated, ready for o_proj), or `None` when the
@@ -40,14 +44,16 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
     if s.mask.kind() != Kind::Bool || nh % nkv != 0 || d % 2 != 0 {
         return None;
     }
-    let b = s.q.size()[0];
+    let (n, b) = (s.q.size()[0], s.cache_k.size()[0]);
+    let rows_ok = s.rows.map_or(n == b, |m| m.len() as i64 == n && m.iter().all(|&r| (r as i64) < b));
     let keys = s.pos + 1;
     let (cs, cap) = (s.cache_k.stride(), s.cache_k.size()[2]);
-    let shapes_ok = s.q.size() == [b, 1, nh * d]
-        && s.k.size() == [b, 1, nkv * d]
-        && s.v.size() == [b, 1, nkv * d]
-        && s.cos.size() == [b, 1, 1, d]
-        && s.sin.size() == [b, 1, 1, d]
+    let shapes_ok = rows_ok
+        && s.q.size() == [n, 1, nh * d]
+        && s.k.size() == [n, 1, nkv * d]
+        && s.v.size() == [n, 1, nkv * d]
+        && s.cos.size() == [n, 1, 1, d]
+        && s.sin.size() == [n, 1, 1, d]
         && s.cache_k.size() == [b, nkv, cap, d]
         && s.cache_v.size() == s.cache_k.size()
         && s.cache_v.stride() == cs
@@ -61,28 +67,31 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
     }
     let (q, k, v) = (s.q.contiguous(), s.k.contiguous(), s.v.contiguous());
     let (cos, sin, mask) = (s.cos.contiguous(), s.sin.contiguous(), s.mask.contiguous());
-    let out = Tensor::empty([b, 1, nh * d], (Kind::Float, Device::Cpu));
-    let (b, nh, nkv, d, keys, row_stride) = (b as usize, nh as usize, nkv as usize, d as usize, keys as usize, cs[0]);
+    let out = Tensor::empty([n, 1, nh * d], (Kind::Float, Device::Cpu));
+    let (b, n, nh, nkv, d, keys, row_stride) =
+        (b as usize, n as usize, nh as usize, nkv as usize, d as usize, keys as usize, cs[0]);
+    let map = s.rows;
+    let cache_row = move |r: usize| map.map_or(r, |m| m[r]);
     // SAFETY: every tensor is a live f32/bool CPU tensor of the checked shape; the cache views
     // are written only at slot `pos` of their own rows; each task writes its own output head.
     unsafe {
         let view = |t: &Tensor, n: usize| std::slice::from_raw_parts(t.data_ptr() as *const f32, n);
-        let (q, k, v) = (view(&q, b * nh * d), view(&k, b * nkv * d), view(&v, b * nkv * d));
-        let (cos, sin) = (view(&cos, b * d), view(&sin, b * d));
+        let (q, k, v) = (view(&q, n * nh * d), view(&k, n * nkv * d), view(&v, n * nkv * d));
+        let (cos, sin) = (view(&cos, n * d), view(&sin, n * d));
         let mask = std::slice::from_raw_parts(mask.data_ptr() as *const bool, b * keys);
         let (ck, cv) = (s.cache_k.data_ptr() as *mut f32, s.cache_v.data_ptr() as *mut f32);
         let slot = |r: usize, h: usize, j: usize| r * row_stride as usize + (h * cap as usize + j) * d;
         // The new keys (rotated) and values into the cache first: every query head reads them.
-        for r in 0..b {
+        for r in 0..n {
             for h in 0..nkv {
                 let src = (r * nkv + h) * d;
-                let dst = slot(r, h, s.pos as usize);
+                let dst = slot(cache_row(r), h, s.pos as usize);
                 rope(&k[src..src + d], &cos[r * d..(r + 1) * d], &sin[r * d..(r + 1) * d], ck.add(dst));
                 std::ptr::copy_nonoverlapping(v.as_ptr().add(src), cv.add(dst), d);
             }
         }
         let (ck, cv, o) = (ck as usize, cv as usize, out.data_ptr() as usize);
-        let tasks = b * nh;
+        let tasks = n * nh;
         let threads = (tch::get_num_threads().max(1) as usize).min(tasks);
         crate::kernels::omp::parallel(threads, &|t, nt| {
             let (ck, cv, o) = (ck as *const f32, cv as *const f32, o as *mut f32);
@@ -93,11 +102,12 @@ pub fn attend(s: &DecodeStep) -> Option<Tensor> {
                 let kv_head = h / (nh / nkv);
                 let src = (r * nh + h) * d;
                 rope(&q[src..src + d], &cos[r * d..(r + 1) * d], &sin[r * d..(r + 1) * d], qr.as_mut_ptr());
+                let c = cache_row(r);
                 let head = Head {
                     q: &qr,
-                    keys: std::slice::from_raw_parts(ck.add(slot(r, kv_head, 0)), keys * d),
-                    values: std::slice::from_raw_parts(cv.add(slot(r, kv_head, 0)), keys * d),
-                    mask: &mask[r * keys..(r + 1) * keys],
+                    keys: std::slice::from_raw_parts(ck.add(slot(c, kv_head, 0)), keys * d),
+                    values: std::slice::from_raw_parts(cv.add(slot(c, kv_head, 0)), keys * d),
+                    mask: &mask[c * keys..(c + 1) * keys],
                 };
                 let y = std::slice::from_raw_parts_mut(o.add(src), d);
                 attend_head_fast(&head, &mut scores, y);
@@ -203,6 +213,7 @@ mod tests {
             n_heads: nh,
             n_kv: nkv,
             head_dim: d,
+            rows: None,
         };
         let got = attend(&step).expect("a plain f32 decode step");
         assert!(got.allclose(&want, 1e-5, 1e-5, false), "max {}", (&got - &want).abs().max().double_value(&[]));
@@ -211,5 +222,66 @@ mod tests {
         // Not a decode step's shape (two new tokens): libtorch's path.
         let q2 = Tensor::randn([b, 2, nh * d], opts);
         assert!(attend(&DecodeStep { q: &q2, ..step }).is_none());
+    }
+
+    /// A packed step (some cache rows named, in any order) gives each named row what the full
+    /// step gives it, writes only the named rows' slots, and reads each row's own mask.
+    #[test]
+    fn a_packed_step_equals_the_full_step_on_its_rows() {
+        tch::manual_seed(11);
+        let opts = (Kind::Float, Device::Cpu);
+        let (b, nh, nkv, d, cap, pos) = (5i64, 6i64, 2i64, 16i64, 12i64, 8i64);
+        let q = Tensor::randn([b, 1, nh * d], opts);
+        let k = Tensor::randn([b, 1, nkv * d], opts);
+        let v = Tensor::randn([b, 1, nkv * d], opts);
+        let angle = Tensor::rand([b, 1, 1, d], opts) * 6.0;
+        let (cos, sin) = (angle.cos(), angle.sin());
+        let cache = Tensor::randn([b, nkv, cap, d], opts);
+        let (full_k, full_v) = (cache.copy(), cache.copy() * 2.0);
+        let (part_k, part_v) = (full_k.copy(), full_v.copy());
+        let mask = Tensor::rand([b, 1, 1, pos + 1], opts).gt(0.3);
+        let _ = mask.narrow(3, pos, 1).fill_(1);
+        let full = DecodeStep {
+            q: &q,
+            k: &k,
+            v: &v,
+            cos: &cos,
+            sin: &sin,
+            cache_k: &full_k,
+            cache_v: &full_v,
+            pos,
+            mask: &mask,
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: d,
+            rows: None,
+        };
+        let want = attend(&full).unwrap();
+        let rows = [3usize, 0, 4];
+        let pick = Tensor::from_slice(&rows.map(|r| r as i64));
+        let (qp, kp, vp) = (q.index_select(0, &pick), k.index_select(0, &pick), v.index_select(0, &pick));
+        let (cp, sp) = (cos.index_select(0, &pick), sin.index_select(0, &pick));
+        let packed = DecodeStep {
+            q: &qp,
+            k: &kp,
+            v: &vp,
+            cos: &cp,
+            sin: &sp,
+            cache_k: &part_k,
+            cache_v: &part_v,
+            rows: Some(&rows),
+            ..full
+        };
+        let got = attend(&packed).expect("a packed decode step");
+        assert!(got.equal(&want.index_select(0, &pick)), "the named rows' outputs");
+        for r in 0..b {
+            let named = rows.contains(&(r as usize));
+            let (same_k, same_v) = (part_k.get(r).equal(&full_k.get(r)), part_v.get(r).equal(&full_v.get(r)));
+            let untouched = part_k.get(r).equal(&cache.get(r));
+            assert!(if named { same_k && same_v } else { untouched }, "cache row {r} (named: {named})");
+        }
+        // A row map that names a row outside the cache, or does not match q's rows: libtorch's path.
+        assert!(attend(&DecodeStep { rows: Some(&[3, 0, 5]), ..packed }).is_none());
+        assert!(attend(&DecodeStep { rows: Some(&[3, 0]), ..packed }).is_none());
     }
 }

@@ -115,11 +115,11 @@ impl KvCache {
         self.v = self.v.iter().map(pick).collect();
     }
 
-    /// Copies batch rows `src[i]` into rows `dst[i]` (the positions in use).
-    pub fn copy_rows(&mut self, src: &Tensor, dst: &Tensor) {
+    /// Copies batch rows `src[i]` into rows `dst[i]`, positions `first..len`.
+    pub fn copy_rows(&mut self, src: &Tensor, dst: &Tensor, first: i64) {
         let len = self.len;
         for x in self.k.iter_mut().chain(self.v.iter_mut()) {
-            let mut used = x.narrow(2, 0, len);
+            let mut used = x.narrow(2, first, len - first);
             let rows = used.index_select(0, src);
             let _ = used.index_copy_(0, dst, &rows);
         }
@@ -347,6 +347,9 @@ impl Attention {
         };
         let (q, k, v) = (self.q_proj.forward(x, mode), self.k_proj.forward(x, mode), self.v_proj.forward(x, mode));
         if let (Some(p), LayerKv::Cache(ck, cv, pos)) = (packing.filter(|p| p.per_row(true)), &kv) {
+            if let Some(y) = self.decode_packed(&q, &k, &v, cos, sin, mask, (ck, cv, *pos), p) {
+                return self.o_proj.forward(&y, mode);
+            }
             let y = self.attend_rows(q, k, v, cos, sin, mask, (ck, cv, *pos), p);
             return self.o_proj.forward(&y.to_kind(x.kind()), mode);
         }
@@ -365,6 +368,7 @@ impl Attention {
                 n_heads: self.n_heads,
                 n_kv: self.n_kv,
                 head_dim: self.head_dim,
+                rows: None,
             };
             if let Some(y) = crate::kernels::decode_attention::attend(&step) {
                 return self.o_proj.forward(&y, mode);
@@ -400,6 +404,52 @@ impl Attention {
             None => y,
         };
         self.o_proj.forward(&y, mode)
+    }
+
+    /// A packed decode step (one new token in some of the cache rows: the others repeat a row
+    /// that runs, or take no token) through the one-pass decode kernel, on the rows that run.
+    /// The new slot of every other row is zeroed (a masked key is still read). `None` when the
+    /// feed is not a one-token step the kernel takes.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_packed(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        (ck, cv, pos): (&Tensor, &Tensor, i64),
+        p: &Packing,
+    ) -> Option<Tensor> {
+        if p.t != 1 || self.q_norm.is_some() {
+            return None;
+        }
+        let rows: Vec<usize> = p.spans.iter().enumerate().filter(|(_, s)| s.1 > 0).map(|(r, _)| r).collect();
+        let (n, d) = (q.size()[0], self.head_dim);
+        let (qs, ks, vs) = (q.view([n, 1, -1]), k.view([n, 1, self.n_kv * d]), v.view([n, 1, self.n_kv * d]));
+        let (cs, ss) = (cos.view([n, 1, 1, d]), sin.view([n, 1, 1, d]));
+        let step = crate::kernels::decode_attention::DecodeStep {
+            q: &qs,
+            k: &ks,
+            v: &vs,
+            cos: &cs,
+            sin: &ss,
+            cache_k: ck,
+            cache_v: cv,
+            pos,
+            mask,
+            n_heads: self.n_heads,
+            n_kv: self.n_kv,
+            head_dim: d,
+            rows: Some(&rows),
+        };
+        if rows.len() < p.b as usize {
+            for x in [ck, cv] {
+                let _ = x.narrow(2, pos, 1).zero_();
+            }
+        }
+        crate::kernels::decode_attention::attend(&step).map(|y| y.view([n, -1]))
     }
 
     /// A generation feed's attention one row at a time ([`Packing::per_row`]): row r's real
