@@ -482,9 +482,6 @@ mod tests {
         Policy::random(&cfg, &LoadOptions::default(), 3)
     }
 
-    /// Rows that repeat an earlier row (same prompt; then the same turn and the same
-    /// observation) are copied rather than computed, and go on exactly as if computed: each
-    /// generates what it generates alone from its concatenated history.
     /// Sampled rows that share a prompt share their decode steps until their tokens differ:
     /// each row's tokens and log-probs are those it gets generated alone with its generator,
     /// through the one-pass decode kernel (llama) and the row-by-row attention (qwen3).
@@ -515,6 +512,9 @@ mod tests {
         }
     }
 
+    /// Rows that repeat an earlier row (same prompt; then the same turn and the same
+    /// observation) are copied rather than computed, and go on exactly as if computed: each
+    /// generates what it generates alone from its concatenated history.
     #[test]
     fn repeated_rows_are_copied_and_continue_as_computed() {
         let p = tiny_policy();

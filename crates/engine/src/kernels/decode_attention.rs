@@ -167,60 +167,88 @@ mod tests {
         Tensor::cat(&[-x.narrow(3, half, half), x.narrow(3, 0, half)], 3)
     }
 
-    /// Against libtorch's path (rotate_half RoPE, cache write, SDPA with GQA and a mask with
-    /// holes): same output and same cache contents.
-    #[test]
-    fn equals_rope_cache_write_and_sdpa() {
-        tch::manual_seed(7);
-        let opts = (Kind::Float, Device::Cpu);
-        let (b, nh, nkv, d, cap, pos) = (5i64, 6i64, 2i64, 16i64, 12i64, 8i64);
-        let q = Tensor::randn([b, 1, nh * d], opts);
-        let k = Tensor::randn([b, 1, nkv * d], opts);
-        let v = Tensor::randn([b, 1, nkv * d], opts);
-        let angle = Tensor::rand([b, 1, 1, d / 2], opts) * 6.0;
+    const OPTS: (Kind, Device) = (Kind::Float, Device::Cpu);
+    /// Rows, query heads, kv heads, head size, cache capacity, the new token's slot.
+    const SHAPE: (i64, i64, i64, i64, i64, i64) = (5, 6, 2, 16, 12, 8);
+
+    /// A step's random inputs at [`SHAPE`]: projections, RoPE tables of real angles, and a mask
+    /// with random holes in which the new token always sees itself.
+    struct Inputs {
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+    }
+
+    fn inputs(seed: i64) -> Inputs {
+        tch::manual_seed(seed);
+        let (b, nh, nkv, d, _, pos) = SHAPE;
+        let angle = Tensor::rand([b, 1, 1, d / 2], OPTS) * 6.0;
         let angle = Tensor::cat(&[&angle, &angle], 3);
-        let (cos, sin) = (angle.cos(), angle.sin());
-        // A bigger buffer whose first b rows are the cache, as `KvCache::front_rows` gives.
-        let (big_k, big_v) = (Tensor::randn([b + 2, nkv, cap, d], opts), Tensor::randn([b + 2, nkv, cap, d], opts));
-        let (ck, cv) = (big_k.narrow(0, 0, b), big_v.narrow(0, 0, b));
-        let (ck_ref, cv_ref) = (ck.copy(), cv.copy());
-        let beyond = big_k.narrow(0, b, 2).copy();
-        // Random holes; the new token always sees itself.
-        let mask = Tensor::rand([b, 1, 1, pos + 1], opts).gt(0.3);
+        let mask = Tensor::rand([b, 1, 1, pos + 1], OPTS).gt(0.3);
         let _ = mask.narrow(3, pos, 1).fill_(1);
+        Inputs {
+            q: Tensor::randn([b, 1, nh * d], OPTS),
+            k: Tensor::randn([b, 1, nkv * d], OPTS),
+            v: Tensor::randn([b, 1, nkv * d], OPTS),
+            cos: angle.cos(),
+            sin: angle.sin(),
+            mask,
+        }
+    }
 
-        let heads = |t: &Tensor, n: i64| t.view([b, 1, n, d]).transpose(1, 2);
-        let qr = heads(&q, nh) * &cos + rotate_half(&heads(&q, nh)) * &sin;
-        let kr = heads(&k, nkv) * &cos + rotate_half(&heads(&k, nkv)) * &sin;
-        ck_ref.narrow(2, pos, 1).copy_(&kr);
-        cv_ref.narrow(2, pos, 1).copy_(&heads(&v, nkv));
-        let (keys_ref, values_ref) = (ck_ref.narrow(2, 0, pos + 1), cv_ref.narrow(2, 0, pos + 1));
-        let want =
-            Tensor::scaled_dot_product_attention(&qr, &keys_ref, &values_ref, Some(&mask), 0.0, false, None, true)
-                .transpose(1, 2)
-                .reshape([b, 1, nh * d]);
-
-        let step = DecodeStep {
-            q: &q,
-            k: &k,
-            v: &v,
-            cos: &cos,
-            sin: &sin,
-            cache_k: &ck,
-            cache_v: &cv,
+    /// The full step over every row of the cache `ck`, `cv`.
+    fn full_step<'a>(x: &'a Inputs, ck: &'a Tensor, cv: &'a Tensor) -> DecodeStep<'a> {
+        let (_, nh, nkv, d, _, pos) = SHAPE;
+        DecodeStep {
+            q: &x.q,
+            k: &x.k,
+            v: &x.v,
+            cos: &x.cos,
+            sin: &x.sin,
+            cache_k: ck,
+            cache_v: cv,
             pos,
-            mask: &mask,
+            mask: &x.mask,
             n_heads: nh,
             n_kv: nkv,
             head_dim: d,
             rows: None,
-        };
+        }
+    }
+
+    /// Against libtorch's path (rotate_half RoPE, cache write, SDPA with GQA and a mask with
+    /// holes): same output and same cache contents.
+    #[test]
+    fn equals_rope_cache_write_and_sdpa() {
+        let x = inputs(7);
+        let (Inputs { q, k, v, cos, sin, mask }, (b, nh, nkv, d, cap, pos)) = (&x, SHAPE);
+        // A bigger buffer whose first b rows are the cache, as `KvCache::front_rows` gives.
+        let (big_k, big_v) = (Tensor::randn([b + 2, nkv, cap, d], OPTS), Tensor::randn([b + 2, nkv, cap, d], OPTS));
+        let (ck, cv) = (big_k.narrow(0, 0, b), big_v.narrow(0, 0, b));
+        let (ck_ref, cv_ref) = (ck.copy(), cv.copy());
+        let beyond = big_k.narrow(0, b, 2).copy();
+
+        let heads = |t: &Tensor, n: i64| t.view([b, 1, n, d]).transpose(1, 2);
+        let qr = heads(q, nh) * cos + rotate_half(&heads(q, nh)) * sin;
+        let kr = heads(k, nkv) * cos + rotate_half(&heads(k, nkv)) * sin;
+        ck_ref.narrow(2, pos, 1).copy_(&kr);
+        cv_ref.narrow(2, pos, 1).copy_(&heads(v, nkv));
+        let (keys_ref, values_ref) = (ck_ref.narrow(2, 0, pos + 1), cv_ref.narrow(2, 0, pos + 1));
+        let want =
+            Tensor::scaled_dot_product_attention(&qr, &keys_ref, &values_ref, Some(mask), 0.0, false, None, true)
+                .transpose(1, 2)
+                .reshape([b, 1, nh * d]);
+
+        let step = full_step(&x, &ck, &cv);
         let got = attend(&step).expect("a plain f32 decode step");
         assert!(got.allclose(&want, 1e-5, 1e-5, false), "max {}", (&got - &want).abs().max().double_value(&[]));
         assert!(ck.allclose(&ck_ref, 1e-6, 1e-6, false) && cv.equal(&cv_ref), "cache contents");
         assert!(big_k.narrow(0, b, 2).equal(&beyond), "rows past the front are untouched");
         // Not a decode step's shape (two new tokens): libtorch's path.
-        let q2 = Tensor::randn([b, 2, nh * d], opts);
+        let q2 = Tensor::randn([b, 2, nh * d], OPTS);
         assert!(attend(&DecodeStep { q: &q2, ..step }).is_none());
     }
 
@@ -228,34 +256,12 @@ mod tests {
     /// step gives it, writes only the named rows' slots, and reads each row's own mask.
     #[test]
     fn a_packed_step_equals_the_full_step_on_its_rows() {
-        tch::manual_seed(11);
-        let opts = (Kind::Float, Device::Cpu);
-        let (b, nh, nkv, d, cap, pos) = (5i64, 6i64, 2i64, 16i64, 12i64, 8i64);
-        let q = Tensor::randn([b, 1, nh * d], opts);
-        let k = Tensor::randn([b, 1, nkv * d], opts);
-        let v = Tensor::randn([b, 1, nkv * d], opts);
-        let angle = Tensor::rand([b, 1, 1, d], opts) * 6.0;
-        let (cos, sin) = (angle.cos(), angle.sin());
-        let cache = Tensor::randn([b, nkv, cap, d], opts);
+        let x = inputs(11);
+        let (Inputs { q, k, v, cos, sin, .. }, (b, _, nkv, d, cap, _)) = (&x, SHAPE);
+        let cache = Tensor::randn([b, nkv, cap, d], OPTS);
         let (full_k, full_v) = (cache.copy(), cache.copy() * 2.0);
         let (part_k, part_v) = (full_k.copy(), full_v.copy());
-        let mask = Tensor::rand([b, 1, 1, pos + 1], opts).gt(0.3);
-        let _ = mask.narrow(3, pos, 1).fill_(1);
-        let full = DecodeStep {
-            q: &q,
-            k: &k,
-            v: &v,
-            cos: &cos,
-            sin: &sin,
-            cache_k: &full_k,
-            cache_v: &full_v,
-            pos,
-            mask: &mask,
-            n_heads: nh,
-            n_kv: nkv,
-            head_dim: d,
-            rows: None,
-        };
+        let full = full_step(&x, &full_k, &full_v);
         let want = attend(&full).unwrap();
         let rows = [3usize, 0, 4];
         let pick = Tensor::from_slice(&rows.map(|r| r as i64));

@@ -347,30 +347,26 @@ impl Attention {
         };
         let (q, k, v) = (self.q_proj.forward(x, mode), self.k_proj.forward(x, mode), self.v_proj.forward(x, mode));
         if let (Some(p), LayerKv::Cache(ck, cv, pos)) = (packing.filter(|p| p.per_row(true)), &kv) {
-            if let Some(y) = self.decode_packed(&q, &k, &v, cos, sin, mask, (ck, cv, *pos), p) {
-                return self.o_proj.forward(&y, mode);
+            // A packed decode step (one new token in some cache rows: the others repeat a row that
+            // runs, or take no token): the one-pass kernel on the rows that run. The new slot of
+            // every other row is zeroed (a masked key is still read).
+            if p.t == 1 {
+                let rows: Vec<usize> = p.spans.iter().enumerate().filter(|(_, s)| s.1 > 0).map(|(r, _)| r).collect();
+                if rows.len() < p.b as usize {
+                    for x in [ck, cv] {
+                        let _ = x.narrow(2, *pos, 1).zero_();
+                    }
+                }
+                if let Some(y) = self.decode_step(&q, &k, &v, cos, sin, mask, (ck, cv, *pos), Some(&rows)) {
+                    return self.o_proj.forward(&y.view([rows.len() as i64, -1]), mode);
+                }
             }
             let y = self.attend_rows(q, k, v, cos, sin, mask, (ck, cv, *pos), p);
             return self.o_proj.forward(&y.to_kind(x.kind()), mode);
         }
         // A decode step (one new token per row, f32 on CPU, no autograd) in one pass.
-        if let (LayerKv::Cache(ck, cv, pos), None, None, 1) = (&kv, packing, &self.q_norm, t) {
-            let step = crate::kernels::decode_attention::DecodeStep {
-                q: &q,
-                k: &k,
-                v: &v,
-                cos,
-                sin,
-                cache_k: ck,
-                cache_v: cv,
-                pos: *pos,
-                mask,
-                n_heads: self.n_heads,
-                n_kv: self.n_kv,
-                head_dim: self.head_dim,
-                rows: None,
-            };
-            if let Some(y) = crate::kernels::decode_attention::attend(&step) {
+        if let (LayerKv::Cache(ck, cv, pos), None, 1) = (&kv, packing, t) {
+            if let Some(y) = self.decode_step(&q, &k, &v, cos, sin, mask, (ck, cv, *pos), None) {
                 return self.o_proj.forward(&y, mode);
             }
         }
@@ -406,12 +402,12 @@ impl Attention {
         self.o_proj.forward(&y, mode)
     }
 
-    /// A packed decode step (one new token in some of the cache rows: the others repeat a row
-    /// that runs, or take no token) through the one-pass decode kernel, on the rows that run.
-    /// The new slot of every other row is zeroed (a masked key is still read). `None` when the
-    /// feed is not a one-token step the kernel takes.
+    /// One new token in each of n rows through the one-pass decode kernel: q, k, v [n, ·]
+    /// or [n, 1, ·], cos/sin of n rows, the cache rows `rows` names (all, in order, for `None`).
+    /// Returns [n, 1, heads·head_dim]; `None` where the kernel does not apply (q/k norms, not
+    /// f32 on CPU, autograd), and the caller runs libtorch's path.
     #[allow(clippy::too_many_arguments)]
-    fn decode_packed(
+    fn decode_step(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -420,21 +416,20 @@ impl Attention {
         sin: &Tensor,
         mask: &Tensor,
         (ck, cv, pos): (&Tensor, &Tensor, i64),
-        p: &Packing,
+        rows: Option<&[usize]>,
     ) -> Option<Tensor> {
-        if p.t != 1 || self.q_norm.is_some() {
+        if self.q_norm.is_some() {
             return None;
         }
-        let rows: Vec<usize> = p.spans.iter().enumerate().filter(|(_, s)| s.1 > 0).map(|(r, _)| r).collect();
-        let (n, d) = (q.size()[0], self.head_dim);
-        let (qs, ks, vs) = (q.view([n, 1, -1]), k.view([n, 1, self.n_kv * d]), v.view([n, 1, self.n_kv * d]));
-        let (cs, ss) = (cos.view([n, 1, 1, d]), sin.view([n, 1, 1, d]));
-        let step = crate::kernels::decode_attention::DecodeStep {
-            q: &qs,
-            k: &ks,
-            v: &vs,
-            cos: &cs,
-            sin: &ss,
+        let (n, d, kv) = (q.size()[0], self.head_dim, self.n_kv * self.head_dim);
+        let (q, k, v) = (q.view([n, 1, -1]), k.view([n, 1, kv]), v.view([n, 1, kv]));
+        let (cos, sin) = (cos.view([n, 1, 1, d]), sin.view([n, 1, 1, d]));
+        crate::kernels::decode_attention::attend(&crate::kernels::decode_attention::DecodeStep {
+            q: &q,
+            k: &k,
+            v: &v,
+            cos: &cos,
+            sin: &sin,
             cache_k: ck,
             cache_v: cv,
             pos,
@@ -442,14 +437,8 @@ impl Attention {
             n_heads: self.n_heads,
             n_kv: self.n_kv,
             head_dim: d,
-            rows: Some(&rows),
-        };
-        if rows.len() < p.b as usize {
-            for x in [ck, cv] {
-                let _ = x.narrow(2, pos, 1).zero_();
-            }
-        }
-        crate::kernels::decode_attention::attend(&step).map(|y| y.view([n, -1]))
+            rows,
+        })
     }
 
     /// A generation feed's attention one row at a time ([`Packing::per_row`]): row r's real
