@@ -31,6 +31,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedGroupKFold
 from sklearn.preprocessing import StandardScaler
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 prompts_path, world_dir, adapter_dir, base_dir = sys.argv[1:5]
@@ -47,12 +48,7 @@ def entity_position(r):
     """Index of the last token of the question's subject name in the agent prompt."""
     ids = r["agent_ids"]
     name = names[subject[chains[r["id"]][0]]]
-    text = ""
-    end = None
-    for i, t in enumerate(ids):
-        text = tok.decode(ids[: i + 1])
-        if name in text and end is None:
-            end = i
+    end = next((i for i in range(len(ids)) if name in tok.decode(ids[: i + 1])), None)
     assert end is not None, (r["id"], name)
     return end
 
@@ -107,8 +103,7 @@ def answer_logprob(model, r):
     return float(np.mean([logp[p - 1, ids[p]].item() for p in pos])) if len(pos) else 0.0
 
 
-policy = __import__("peft").PeftModel.from_pretrained(
-    AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), adapter_dir).eval()
+policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), adapter_dir).eval()
 lp = np.array([answer_logprob(policy, r) if h else 0.0 for r, h in zip(rows, one_hop)])
 print(f"behavioural reference, 1-hop: AUROC of the policy's mean answer-token log-prob, PK vs rest "
       f"{roc_auc_score(pk[one_hop], lp[one_hop]):.3f} (mean {lp[one_hop & (pk == 1)].mean():.3f} PK, "
@@ -120,12 +115,11 @@ print(f"{len(rows)} questions; 1-hop {one_hop.sum()} ({pk[one_hop].sum()} PK); A
 print("| model | position | PK vs rest, all (5-fold CV) | PK vs rest, 1-hop (5-fold CV) | 1-hop, best layer |")
 print("|---|---|---|---|---|")
 for mname, load in [
-    ("knowledge adapter (shipped policy)", lambda: __import__("peft").PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), adapter_dir)),
+    ("knowledge adapter (shipped policy)", lambda: policy),
     ("base model, no adapter (surface control)", lambda: AutoModelForCausalLM.from_pretrained(
-        base_dir, dtype=torch.float32)),
+        base_dir, dtype=torch.float32).eval()),
 ]:
-    x = hidden(load().eval())
+    x = hidden(load())
     for p, pname in enumerate(["subject's last token", "prompt's last token (decision)",
                                "end of its own query-only answer (recall, then decide)"]):
         all_q = [cv_auc(x[:, p, l], pk, groups) for l in layers]
