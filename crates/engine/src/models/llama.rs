@@ -349,8 +349,9 @@ impl Attention {
         if let (Some(p), LayerKv::Cache(ck, cv, pos)) = (packing.filter(|p| p.per_row(true)), &kv) {
             // A packed decode step (one new token in some cache rows: the others repeat a row that
             // runs, or take no token): the one-pass kernel on the rows that run. The new slot of
-            // every other row is zeroed (a masked key is still read).
-            if p.t == 1 {
+            // every other row is zeroed (the kernel still reads a masked key); with q/k norms the
+            // kernel does not apply and the row-by-row path below never reads those slots.
+            if p.t == 1 && self.q_norm.is_none() {
                 let rows: Vec<usize> = p.spans.iter().enumerate().filter(|(_, s)| s.1 > 0).map(|(r, _)| r).collect();
                 if rows.len() < p.b as usize {
                     for x in [ck, cv] {
