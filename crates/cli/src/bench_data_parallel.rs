@@ -45,9 +45,8 @@ fn metrics(run: &Path) -> Result<Vec<Value>> {
 
 fn last_params(run: &Path, steps: u64) -> Result<Vec<(String, tch::Tensor)>> {
     let file = run.join(format!("checkpoints/step-{steps:08}/params.safetensors"));
-    let mut t = tch::Tensor::read_safetensors(&file).with_context(|| format!("reading {}", file.display()))?;
-    t.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(t)
+    let t = tch::Tensor::read_safetensors(&file).with_context(|| format!("reading {}", file.display()))?;
+    Ok(knowrl_engine::weights::by_name(t))
 }
 
 pub fn run(a: Args) -> Result<()> {

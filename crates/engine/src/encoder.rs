@@ -95,9 +95,7 @@ impl Encoder {
     /// transformers' `BertModel` read; the caller adds tokenizer files.
     pub fn save(&self, dir: &Path, config: &Value) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
-        let mut params: Vec<(String, Tensor)> =
-            self.vs.variables().into_iter().filter(|(n, _)| !is_lora_param(n)).collect();
-        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let params = weights::by_name(self.vs.variables().into_iter().filter(|(n, _)| !is_lora_param(n)));
         weights::write_atomic(&dir.join("model.safetensors"), &params)?;
         crate::fsutil::write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(config).unwrap().as_bytes())
     }
@@ -174,9 +172,7 @@ impl Encoder {
 impl Encoder {
     /// The adapter tensors (LoRA A/B), sorted by name.
     pub fn adapter_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(n, _)| is_lora_param(n)).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        weights::by_name(self.vs.variables().into_iter().filter(|(n, _)| is_lora_param(n)))
     }
 
     /// Saves only the adapter (a few hundred KB): the base encoder and the passage index are

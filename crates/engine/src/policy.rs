@@ -116,16 +116,12 @@ impl Policy {
 
     /// Parameters the optimiser updates (adapters only under LoRA), sorted by name.
     pub fn trainable_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        weights::by_name(self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()))
     }
 
     /// All named parameters (base and adapters), sorted by name.
     pub fn parameters(&self) -> Vec<(String, Tensor)> {
-        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        weights::by_name(self.vs.variables())
     }
 
     /// Saves raw (unmerged) weights + config as an HF-style directory (random test models).

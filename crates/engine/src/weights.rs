@@ -132,6 +132,14 @@ pub fn load_into(
     Ok(())
 }
 
+/// Named tensors in name order: a VarStore's `variables()` is a HashMap whose order changes from
+/// run to run, and whatever sums, draws noise or writes in parameter order must not.
+pub fn by_name(tensors: impl IntoIterator<Item = (String, Tensor)>) -> Vec<(String, Tensor)> {
+    let mut v: Vec<(String, Tensor)> = tensors.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
 /// Writes named tensors as safetensors atomically: a temporary file in the same directory,
 /// fsync, then rename, so a crash never leaves a half-written file under the final name.
 pub fn write_atomic(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {

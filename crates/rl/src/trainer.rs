@@ -179,8 +179,7 @@ pub fn train_with_eval(
         all.push(metrics);
         if (cfg.run.checkpoint_every > 0 && done % cfg.run.checkpoint_every == 0) || done == cfg.run.steps {
             let m = method.state(env)?;
-            let mut tensors: Vec<(String, tch::Tensor)> = m.tensors.into_iter().collect();
-            tensors.sort_by(|a, b| a.0.cmp(&b.0));
+            let tensors = knowrl_engine::weights::by_name(m.tensors);
             let state = serde_json::json!({ "rng": rng, "method": m.json });
             if lead {
                 checkpoint::save(&ckpt_root, done, &params, &opt, &state, &tensors)?;

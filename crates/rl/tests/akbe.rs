@@ -202,8 +202,7 @@ fn dpo_loss_by_hand() {
     // training and the no-grad paths: ~1e-5 apart on some CPUs (AMD EPYC, AVX-512), as below.
     assert!((same - std::f64::consts::LN_2).abs() < 1e-5, "{same}");
     let reference = common::policy();
-    // Perturbed in name order: `vs.variables()` is a HashMap, whose order (and so which tensor
-    // draws which noise) changes from run to run; in that order the margin once came out 0.04.
+    // Perturbed in name order (`parameters()`), so every run draws the same noise for each tensor.
     tch::manual_seed(3);
     tch::no_grad(|| {
         for (_, t) in reference.parameters() {

@@ -433,11 +433,8 @@ pub fn train_encoder(
         .filter(|(_, q)| w.entity(w.facts[q.chain[0]].subject).kind != crate::world::Kind::City)
         .map(|(p, _)| p)
         .collect();
-    // In name order: `variables()` is a HashMap, and the clip's norm sums in parameter order.
-    let mut params: Vec<(String, tch::Tensor)> = enc.vs.variables().into_iter().collect();
-    params.sort_by(|a, b| a.0.cmp(&b.0));
     let last = fit(
-        params,
+        knowrl_engine::weights::by_name(enc.vs.variables()),
         Fit { epochs: cfg.encoder_epochs, lr: 1e-3, seed: cfg.seed ^ 0xE },
         |_, rng| {
             let mut order: Vec<usize> = (0..pairs.len()).collect();
