@@ -30,11 +30,13 @@ fi
 [ -f "$OUT/reproduce-akbe.json" ] || target/release/knowrl reproduce akbe --config experiments/world-v2/world-akbe-cue.toml --seeds "$SEEDS" --ablation-seeds "$SEEDS" \
   --arms "GRPO,GRPO + AKBE,AKBE with-tool teacher prompt" \
   --runs runs/akbe-cue --out "$OUT/reproduce-akbe.json" 2>&1 | tee -a "$OUT/reproduce.log"
-# The same with 16 questions a step (4x the AKBE targets a step), the with-tool teacher prompt
-# only (GRPO never moved TC at 4 a step): is the number of targets a step what keeps the gate from forming?
+# The same with 16 questions a step (4x the AKBE targets a step): the with-tool teacher prompt
+# against GRPO at the same 16 (equal budget), 3 seeds each: is the number of targets a step what
+# keeps the gate from forming? (First run with seeds 1-2 of the teacher arm only; the rerun with
+# 3 seeds keeps those runs and adds the rest.)
 mkdir -p "$OUT/batch-16"
-[ -f "$OUT/batch-16/reproduce-akbe.json" ] || target/release/knowrl reproduce akbe --config experiments/world-v2/world-akbe-cue-16.toml \
-  --seeds 1 --ablation-seeds "$SEEDS" --arms "AKBE with-tool teacher prompt" \
+target/release/knowrl reproduce akbe --config experiments/world-v2/world-akbe-cue-16.toml \
+  --seeds 3 --ablation-seeds 3 --arms "GRPO,AKBE with-tool teacher prompt" \
   --runs runs/akbe-cue-16 --out "$OUT/batch-16/reproduce-akbe.json" 2>&1 | tee -a "$OUT/batch-16.log"
 # A longer run at the world config's 4 questions a step (32 steps, the with-tool teacher prompt):
 # is it the budget? (#23: "whether the learning rate or the budget is the limit").
