@@ -5,7 +5,9 @@
 //! measured in the same run. Beside it: the floor of the work with every row computed in full
 //! (sharing copies rows that repeat a prompt or a history) and of the weight GEMMs alone, and
 //! one decode step's matmuls against libtorch's and against streaming the weights (a decode
-//! step's floor is the memory's). Writes bench/results/world-v2-speed.json.
+//! step's floor is the memory's). Beside the FLOP floor, a roofline floor prices each model call
+//! that reads more bytes than the machine streams in its GEMM time at the memory bandwidth
+//! (`knowrl_engine::flops`). Writes bench/results/world-v2-speed.json.
 use anyhow::{Context, Result};
 use knowrl_rl::config::TrainConfig;
 use serde_json::{json, Map, Value};
@@ -119,7 +121,9 @@ pub fn run(a: Args) -> Result<()> {
     println!("float32 GEMM: {:.1} GFLOP/s (512 × 576 × 1536), {gemm_decode:.1} GFLOP/s at 32 rows", probes[0]);
     // A decode step reads every weight once: at few rows its floor is the memory's, not the GEMM rate.
     let decode = decode_matmuls(&[1, 8, 32]);
-    let (mut seconds, mut ratio, mut detail) = (Map::new(), Map::new(), Map::new());
+    // The memory bandwidth of the roofline: the fastest stream of the weights above.
+    let gb_s = decode.values().filter_map(|v| v["stream_gb_s"].as_f64()).fold(0.0, f64::max);
+    let (mut seconds, mut ratio, mut roofline_ratio, mut detail) = (Map::new(), Map::new(), Map::new(), Map::new());
     let scratch = std::env::temp_dir().join(format!("knowrl-world-speed-{}", std::process::id()));
     for path in &a.configs {
         let mut cfg = TrainConfig::load(path)?;
@@ -131,6 +135,8 @@ pub fn run(a: Args) -> Result<()> {
         cfg.run.checkpoint_every = 0;
         let policy = knowrl_run::load(&cfg)?;
         let tool = knowrl_run::retriever(&cfg)?;
+        // Calls under this many FLOPs a byte are memory-bound (the rate probed just before).
+        knowrl_engine::flops::set_machine_balance(probes[probes.len() - 1] / gb_s);
         let metrics = crate::train::train_with_progress(&policy, &tool, &cfg, false, &name)
             .with_context(|| format!("{}: training", path.display()))?;
         drop(policy);
@@ -148,6 +154,10 @@ pub fn run(a: Args) -> Result<()> {
         // (`work_floor_s`) is reported beside it.
         let (floor, work_floor) = (seconds_at(computed), seconds_at(computed + shared));
         let rollout_floor = seconds_at(extra("rollout_gemm_flops"));
+        // The roofline: memory-bound calls (a decode step over few rows) at the bandwidth.
+        let roofline_at = |bytes: f64, flops: f64| bytes / (gb_s * 1e9) + flops / (gemm * 1e9);
+        let roofline = roofline_at(extra("memory_bound_bytes"), extra("compute_bound_flops"));
+        let rollout_roofline = roofline_at(extra("rollout_memory_bound_bytes"), extra("rollout_compute_bound_flops"));
         println!(
             "{name}: {s:.1} s/step, {:.1} GFLOP/step computed ({:.1} with every row in full), floor {floor:.2} s at {gemm:.1} GFLOP/s → {:.2}× the floor ({:.2}× the full work's)",
             computed / 1e9,
@@ -155,8 +165,13 @@ pub fn run(a: Args) -> Result<()> {
             s / floor,
             s / work_floor
         );
+        println!(
+            "{name}: roofline floor {roofline:.2} s at {gb_s:.1} GB/s for memory-bound calls → {:.2}×",
+            s / roofline
+        );
         seconds.insert(name.clone(), json!(s));
         ratio.insert(name.clone(), json!(s / floor));
+        roofline_ratio.insert(name.clone(), json!(s / roofline));
         detail.insert(
             name,
             json!({
@@ -170,6 +185,9 @@ pub fn run(a: Args) -> Result<()> {
                 "rollout_s": mean(&|m| m.rollout_s), "rollout_floor_s": rollout_floor,
                 "rollout_shared_gflop": extra("rollout_shared_flops") / 1e9,
                 "update_s": mean(&|m| m.update_s), "update_floor_s": floor - rollout_floor,
+                "roofline_floor_s": roofline, "roofline_ratio": s / roofline,
+                "rollout_roofline_s": rollout_roofline, "update_roofline_s": roofline - rollout_roofline,
+                "memory_bound_gb_per_step": extra("memory_bound_bytes") / 1e9,
                 "response_len": mean(&|m| m.response_len), "tool_calls": mean(&|m| m.tool_calls),
             }),
         );
@@ -179,6 +197,8 @@ pub fn run(a: Args) -> Result<()> {
     let out: Value = json!({
         "seconds_per_step": seconds,
         "floor_ratio": ratio,
+        "roofline_ratio": roofline_ratio,
+        "memory_gb_s": gb_s,
         "gemm_gflops": gemm,
         "gemm_gflops_probes": probes,
         "gemm_gflops_32_rows": gemm_decode,
@@ -192,6 +212,10 @@ pub fn run(a: Args) -> Result<()> {
                   or a history (copied, not computed) and LoRA products and the retriever encoder not counted) / the best \
                   GEMM probe on either side of the config (methods.<m>.gemm_gflops); work_floor_s: the same with every \
                   row computed in full (shared_gflop_per_step is the difference); weights_only_floor_s: without the attention products",
+        "roofline": "roofline_floor_s: each model call (a forward's blocks, the LM head) priced at the larger of its FLOPs at \
+                     the GEMM rate and the bytes it must read (its weights, again for the backward's activation gradients, \
+                     and the K/V of each key its rows see) at memory_gb_s, the fastest stream of the weights probed here; \
+                     the split is made with the GEMM probe before the config",
     });
     crate::bench_env::write_result(&a.out, &out)?;
     println!("wrote {}", a.out.display());

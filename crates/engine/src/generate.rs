@@ -588,4 +588,26 @@ mod tests {
         assert_eq!(third[0].tokens, alone[0].tokens);
         assert!(third[0].logprobs.iter().all(|x| x.is_finite()));
     }
+
+    /// The roofline's bytes of a session (`crate::flops`): each forward reads every block weight
+    /// and the K/V of the keys its rows see, the LM head its matrix; a packed prefill's padding
+    /// queries and a row's holes add nothing.
+    #[test]
+    fn a_forward_reads_its_weights_and_the_keys_its_rows_see() {
+        let p = tiny_of("llama");
+        crate::flops::set_machine_balance(1e12); // every call memory-bound: the bytes are counted
+        let s0 = crate::flops::snapshot();
+        let mut s = DecodeSession::new(&p.lm, 2, 0);
+        s.append(&[vec![3u32, 4, 5, 6], vec![7, 8]]).unwrap(); // a packed prefill: 4 + 2 keys
+        let mut rngs = vec![Rng::new(0); 2];
+        s.generate(&[0, 1], &[SamplingParams::greedy(2), SamplingParams::greedy(2)], &mut rngs, None, &[]).unwrap(); // one feed: 5 + 3 keys
+        crate::flops::set_machine_balance(0.0);
+        let d = crate::flops::snapshot() - s0;
+        // Per layer (f32): q, k, v, o, gate, up, down = 32·64 + 2·32·32 + 64·32 + 3·32·64 = 12,288
+        // weights; K and V of a key: 2 · 2 heads · 16 · 4 bytes = 256 bytes. LM head: 61 · 32.
+        let (blocks, key, head) = (2.0 * 12_288.0 * 4.0, 2.0 * 256.0, 61.0 * 32.0 * 4.0);
+        let want = (blocks + 6.0 * key + head) + (blocks + 8.0 * key + head);
+        assert_eq!(d.memory_bound_bytes, want);
+        assert_eq!(d.compute_bound_flops, 0.0);
+    }
 }

@@ -291,9 +291,9 @@ fn scored_with_grads(
 ) -> (knowrl_engine::score::Scored, Vec<Tensor>, f64) {
     let mut opt = AdamW::new(p.trainable_parameters(), AdamWConfig::default());
     opt.zero_grad();
-    let flops = knowrl_engine::flops::shared();
+    let flops = knowrl_engine::flops::snapshot().shared;
     let s = f(&p.lm, reqs, temperature, Mode::TRAIN);
-    let shared = knowrl_engine::flops::shared() - flops;
+    let shared = knowrl_engine::flops::snapshot().shared - flops;
     loss(&s).backward();
     let grads: Vec<Tensor> = p.trainable_parameters().iter().map(|(_, t)| t.grad().copy()).collect();
     (s, grads, shared)

@@ -121,10 +121,17 @@ pub fn same_on_all_ranks(group: Option<&ProcessGroup>, value: u64, what: &str, h
 /// Figures that add up over ranks (counts and FLOPs: these names, and AKBE's `cat_*`
 /// category counts); every other figure is the ranks' mean (each rank holds the same number of
 /// questions, so a mean over rows is exact).
-const ADDITIVE: [&str; 7] = [
+const ADDITIVE: [&str; 14] = [
     "skipped_rows",
     "gemm_flops",
     "rollout_gemm_flops",
+    "attention_flops",
+    "shared_flops",
+    "rollout_shared_flops",
+    "memory_bound_bytes",
+    "compute_bound_flops",
+    "rollout_memory_bound_bytes",
+    "rollout_compute_bound_flops",
     "kept_rows",
     "targets",
     "retrieval_turns",

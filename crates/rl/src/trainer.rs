@@ -113,12 +113,7 @@ pub fn train_with_eval(
     let draw = TaskDraw::new(tasks);
     let mut all = vec![];
     for step in start..cfg.run.steps {
-        let (t0, flops0, attention0, shared0) = (
-            Instant::now(),
-            knowrl_engine::flops::total(),
-            knowrl_engine::flops::attention(),
-            knowrl_engine::flops::shared(),
-        );
+        let (t0, flops0) = (Instant::now(), knowrl_engine::flops::snapshot());
         let picks: Vec<&Task> = (0..cfg.rollout.prompts_per_step).map(|_| &tasks[draw.pick(&mut rng)]).collect();
         // This rank's contiguous share of the questions (all of them in one process).
         let shard = Shard::of(group, picks.len());
@@ -128,8 +123,7 @@ pub fn train_with_eval(
         let diagnostics = method.diagnose(&ctx, &out)?;
         out.metrics.extra.extend(diagnostics);
         let rollout_s = t0.elapsed().as_secs_f64();
-        let rollout_flops = knowrl_engine::flops::total() - flops0;
-        let rollout_shared = knowrl_engine::flops::shared() - shared0;
+        let rollout = knowrl_engine::flops::snapshot() - flops0;
         let t1 = Instant::now();
         let seed = row_seed(cfg.run.seed, step, usize::MAX);
         let up = update_policy(group, policy, reference, &mut opt, &mut out, cfg, seed)?;
@@ -137,13 +131,21 @@ pub fn train_with_eval(
         extra.extend(up.extra.clone());
         // The step's matmul FLOPs (weight GEMMs and attention products of generation, scoring
         // and backward): its compute floor. `attention_flops` is the attention's share.
-        extra.insert("gemm_flops".into(), knowrl_engine::flops::total() - flops0);
-        extra.insert("attention_flops".into(), knowrl_engine::flops::attention() - attention0);
-        extra.insert("rollout_gemm_flops".into(), rollout_flops);
+        let step_flops = knowrl_engine::flops::snapshot() - flops0;
+        extra.insert("gemm_flops".into(), step_flops.total());
+        extra.insert("attention_flops".into(), step_flops.attention);
+        extra.insert("rollout_gemm_flops".into(), rollout.total());
         // What sharing skipped (rows repeating a prompt or a history): computed + shared is the
         // step's nominal work, every row computed in full.
-        extra.insert("shared_flops".into(), knowrl_engine::flops::shared() - shared0);
-        extra.insert("rollout_shared_flops".into(), rollout_shared);
+        extra.insert("shared_flops".into(), step_flops.shared);
+        extra.insert("rollout_shared_flops".into(), rollout.shared);
+        if step_flops.memory_bound_bytes + step_flops.compute_bound_flops > 0.0 {
+            // The roofline's split, when a bench set the machine balance (`knowrl_engine::flops`).
+            extra.insert("memory_bound_bytes".into(), step_flops.memory_bound_bytes);
+            extra.insert("compute_bound_flops".into(), step_flops.compute_bound_flops);
+            extra.insert("rollout_memory_bound_bytes".into(), rollout.memory_bound_bytes);
+            extra.insert("rollout_compute_bound_flops".into(), rollout.compute_bound_flops);
+        }
         let metrics = StepMetrics {
             step,
             loss: up.pg.loss,

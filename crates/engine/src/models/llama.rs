@@ -727,11 +727,15 @@ impl DecoderLm {
             let h = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x), mode);
             x = x + h;
         }
-        crate::flops::add_forward(
-            ids.numel() as i64,
-            self.layer_macs() * self.layers.len() as f64,
-            self.backward_passes(&x),
-        );
+        let (layers, passes) = (self.layers.len(), self.backward_passes(&x));
+        let weights = crate::flops::forward(ids.numel() as i64, self.layer_macs() * layers as f64, passes);
+        crate::flops::add_weights(weights);
+        // The roofline's bytes: every block weight, read again by the backward's activation
+        // gradients, and the K/V of each key some query of a row sees (read once per row and
+        // layer; the backward's re-reads are not counted: a lower bound).
+        let size = self.embed_tokens.kind().elt_size_in_bytes() as f64;
+        let mut bytes = self.layer_macs() * layers as f64 * size * (1 + passes) as f64;
+        let mut attention = 0.0;
         if mask.device() == tch::Device::Cpu {
             // (query, visible key) pairs of the real queries: padding query rows are dropped.
             let k = *mask.size().last().unwrap_or(&0);
@@ -739,8 +743,22 @@ impl DecoderLm {
             let rows = packing.map_or(rows.shallow_clone(), |p| rows.index_select(0, &p.index));
             let pairs = rows.sum(Kind::Int64).int64_value(&[]);
             let width = self.cfg.num_heads * self.cfg.head_dim;
-            crate::flops::add_attention(pairs, self.layers.len(), width, x.requires_grad());
+            attention = crate::flops::attention_products(pairs, layers, width, x.requires_grad());
+            crate::flops::add_attention(attention);
+            // Keys some real query of a row sees (a packed pass's padding queries see themselves).
+            let q = mask.size()[mask.dim() - 2];
+            let seen = match packing {
+                Some(p) => {
+                    let row_of = p.index.divide_scalar_mode(q, "floor");
+                    let hits = Tensor::zeros([mask.size()[0], k], (Kind::Int64, mask.device()));
+                    hits.index_add(0, &row_of, &rows.to_kind(Kind::Int64)).gt(0)
+                }
+                None => mask.reshape([-1, q, k]).any_dim(1, false),
+            };
+            let keys_seen = seen.sum(Kind::Int64).int64_value(&[]);
+            bytes += (keys_seen * 2 * self.cfg.num_kv_heads * self.cfg.head_dim) as f64 * layers as f64 * size;
         }
+        crate::flops::add_call(weights + attention, bytes);
         self.norm.forward(&x)
     }
 
@@ -776,7 +794,10 @@ impl DecoderLm {
         let w = self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight);
         let l = crate::layers::linear(hidden, w, None);
         let rows = hidden.numel() as i64 / self.cfg.hidden_size.max(1);
-        crate::flops::add_forward(rows, (self.cfg.hidden_size * self.cfg.vocab_size) as f64, self.backward_passes(&l));
+        let (macs, passes) = ((self.cfg.hidden_size * self.cfg.vocab_size) as f64, self.backward_passes(&l));
+        let flops = crate::flops::forward(rows, macs, passes);
+        crate::flops::add_weights(flops);
+        crate::flops::add_call(flops, macs * w.kind().elt_size_in_bytes() as f64 * (1 + passes) as f64);
         match l.kind() {
             Kind::Double => l,
             _ => l.to_kind(Kind::Float),
