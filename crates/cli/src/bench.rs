@@ -21,7 +21,7 @@ pub enum Cmd {
     Retrieval(crate::bench_retrieval::RetrievalArgs),
     /// One GRPO step (SmolLM2-135M, 4 × 8, 64 tokens) vs TRL's GRPOTrainer.
     Grpo(crate::bench_grpo::Args),
-    /// Seconds per RL step of each world config vs its compute floor (step FLOPs ÷ GEMM rate).
+    /// Seconds per RL step of each world config vs its compute floor (step FLOPs ÷ GEMM rate) and its roofline floor (memory-bound calls at the memory bandwidth).
     WorldSpeed(crate::bench_world_speed::Args),
     /// The memory model vs measured peak RSS (random-init SmolLM2-135M / Qwen2.5-0.5B shapes, CPU),
     /// and its predictions for the GPU presets.
