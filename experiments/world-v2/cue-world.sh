@@ -44,3 +44,14 @@ mkdir -p "$OUT/steps-32"
 [ -f "$OUT/steps-32/reproduce-akbe.json" ] || target/release/knowrl reproduce akbe --config experiments/world-v2/world-akbe-cue.toml \
   --steps 32 --seeds 1 --ablation-seeds "$SEEDS" --arms "AKBE with-tool teacher prompt" \
   --runs runs/akbe-cue-32 --out "$OUT/steps-32/reproduce-akbe.json" 2>&1 | tee -a "$OUT/steps-32.log"
+# Seed 3 of both 16-question arms continued from step 8 to 16 (constant lr, so the same as a
+# 16-step run): does the budget close the EM gap? Evaluated on the marked world's test split.
+L=runs/akbe-cue-16-long
+mkdir -p "$L" "$OUT/batch-16-steps-16"
+for a in akbe-with-tool-teacher-prompt-seed3 grpo-seed3; do
+  [ -f "$OUT/batch-16-steps-16/$a.json" ] && continue
+  [ -d "$L/$a" ] || { cp -r "runs/akbe-cue-16/reproduce-akbe/$a" "$L/"; \
+    sed -i "s|^steps = 8|steps = 16|; s|^out_dir = .*|out_dir = \"$L/$a\"|" "$L/$a/config.toml"; }
+  target/release/knowrl train --config "$L/$a/config.toml" --resume --export "$L/$a-export"
+  target/release/knowrl eval --model "$L/$a-export" --suite world-agent --world "$W" --out "$OUT/batch-16-steps-16/$a.json"
+done
