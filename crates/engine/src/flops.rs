@@ -14,8 +14,8 @@
 //! Not counted: LoRA's rank-r products, the retriever's encoder.
 //!
 //! Shared work is counted apart ([`add_shared`]): rows that repeat another row's prompt
-//! (scoring) or history and block (generation) are not computed. `total() + shared()` is the
-//! step's nominal work, every row computed in full.
+//! (scoring) or history and block (generation) are not computed. A [`Snapshot`]'s `total()` +
+//! `shared` is the step's nominal work, every row computed in full.
 //!
 //! A roofline beside the FLOP count, once a bench sets the machine's balance
 //! ([`set_machine_balance`]: GEMM FLOP/s ÷ memory bytes/s): each model call (the blocks of a
