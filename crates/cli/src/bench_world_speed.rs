@@ -155,9 +155,16 @@ pub fn run(a: Args) -> Result<()> {
         let (floor, work_floor) = (seconds_at(computed), seconds_at(computed + shared));
         let rollout_floor = seconds_at(extra("rollout_gemm_flops"));
         // The roofline: memory-bound calls (a decode step over few rows) at the bandwidth.
-        let roofline_at = |bytes: f64, flops: f64| bytes / (gb_s * 1e9) + flops / (gemm * 1e9);
-        let roofline = roofline_at(extra("memory_bound_bytes"), extra("compute_bound_flops"));
-        let rollout_roofline = roofline_at(extra("rollout_memory_bound_bytes"), extra("rollout_compute_bound_flops"));
+        let roofline_at = |bytes: &'static str, flops: &'static str| {
+            let split = knowrl_engine::flops::Snapshot {
+                memory_bound_bytes: extra(bytes),
+                compute_bound_flops: extra(flops),
+                ..Default::default()
+            };
+            split.roofline_s(gemm, gb_s)
+        };
+        let roofline = roofline_at("memory_bound_bytes", "compute_bound_flops");
+        let rollout_roofline = roofline_at("rollout_memory_bound_bytes", "rollout_compute_bound_flops");
         println!(
             "{name}: {s:.1} s/step, {:.1} GFLOP/step computed ({:.1} with every row in full), floor {floor:.2} s at {gemm:.1} GFLOP/s → {:.2}× the floor ({:.2}× the full work's)",
             computed / 1e9,

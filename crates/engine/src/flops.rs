@@ -1,5 +1,5 @@
-//! A per-thread count (the thread that runs the model reads it) of the decoder's matmul FLOPs, for the compute floor of a training
-//! step (`knowrl bench world-speed`).
+//! A per-thread count of the decoder's matmul FLOPs (the thread that runs the model reads it),
+//! for the compute floor of a training step (`knowrl bench world-speed`).
 //! - Weight GEMMs: each forward adds 2 × (its weights' multiply-adds) per token it runs; when
 //!   autograd records the forward, the backward's GEMMs are added with it: the activation
 //!   gradients (one more forward's worth) and, when the base weights train, the weight
@@ -74,8 +74,7 @@ impl Snapshot {
 
     /// Adds a call of `flops` that must read `bytes`, split by `balance` (FLOPs per byte).
     fn add_call(&mut self, flops: f64, bytes: f64, balance: f64) {
-        if balance <= 0.0 {
-        } else if flops < balance * bytes {
+        if flops < balance * bytes {
             self.memory_bound_bytes += bytes;
         } else {
             self.compute_bound_flops += flops;
@@ -131,10 +130,18 @@ pub fn set_machine_balance(flops_per_byte: f64) {
     BALANCE.with(|b| b.set(flops_per_byte.max(0.0)));
 }
 
+/// Whether this thread classifies calls for the roofline (a bench set a machine balance): the
+/// model computes a call's bytes only then.
+pub fn roofline_on() -> bool {
+    BALANCE.with(Cell::get) > 0.0
+}
+
 /// A model call of `flops` FLOPs that must read at least `bytes` bytes, for the roofline.
 pub fn add_call(flops: f64, bytes: f64) {
     let balance = BALANCE.with(Cell::get);
-    update(|s| s.add_call(flops, bytes, balance));
+    if balance > 0.0 {
+        update(|s| s.add_call(flops, bytes, balance));
+    }
 }
 
 #[cfg(test)]

@@ -745,18 +745,20 @@ impl DecoderLm {
             let width = self.cfg.num_heads * self.cfg.head_dim;
             attention = crate::flops::attention_products(pairs, layers, width, x.requires_grad());
             crate::flops::add_attention(attention);
-            // Keys some real query of a row sees (a packed pass's padding queries see themselves).
-            let q = mask.size()[mask.dim() - 2];
-            let seen = match packing {
-                Some(p) => {
-                    let row_of = p.index.divide_scalar_mode(q, "floor");
-                    let hits = Tensor::zeros([mask.size()[0], k], (Kind::Int64, mask.device()));
-                    hits.index_add(0, &row_of, &rows.to_kind(Kind::Int64)).gt(0)
-                }
-                None => mask.reshape([-1, q, k]).any_dim(1, false),
-            };
-            let keys_seen = seen.sum(Kind::Int64).int64_value(&[]);
-            bytes += (keys_seen * 2 * self.cfg.num_kv_heads * self.cfg.head_dim) as f64 * layers as f64 * size;
+            if crate::flops::roofline_on() {
+                // Keys some real query of a row sees (a packed pass's padding queries see themselves).
+                let q = mask.size()[mask.dim() - 2];
+                let seen = match packing {
+                    Some(p) => {
+                        let row_of = p.index.divide_scalar_mode(q, "floor");
+                        let hits = Tensor::zeros([mask.size()[0], k], (Kind::Int64, mask.device()));
+                        hits.index_add(0, &row_of, &rows.to_kind(Kind::Int64)).gt(0)
+                    }
+                    None => mask.reshape([-1, q, k]).any_dim(1, false),
+                };
+                let keys_seen = seen.sum(Kind::Int64).int64_value(&[]);
+                bytes += (keys_seen * 2 * self.cfg.num_kv_heads * self.cfg.head_dim) as f64 * layers as f64 * size;
+            }
         }
         crate::flops::add_call(weights + attention, bytes);
         self.norm.forward(&x)
