@@ -29,8 +29,9 @@ lint: setup
 test: models lint
 	$(CARGO) test --release -- --test-threads=1
 	# The engine's kernels again with their AVX2 copies (the AMD machines have no AVX-512), alone
-	# and inside the parity with transformers (logits, greedy and sampled generation).
-	KNOWRL_ISA=avx2 $(CARGO) test --release -p knowrl-engine --lib --test hf_parity --test generation -- --test-threads=1
+	# and inside the parity with transformers (logits, greedy and sampled generation), with the
+	# many-row products on oneDNN (the default on AMD CPUs; on Intel ones MKL runs them above).
+	KNOWRL_ISA=avx2 KNOWRL_GEMM=onednn $(CARGO) test --release -p knowrl-engine --lib --test hf_parity --test generation -- --test-threads=1
 
 bench: models build
 	@scripts/setup --bench

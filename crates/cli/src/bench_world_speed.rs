@@ -46,17 +46,27 @@ fn best_of_five(run: &dyn Fn()) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-/// Best-of-five float32 GEMM rate (GFLOP/s) of an [m, k] × [k, n] product.
-fn gemm_gflops(m: i64, k: i64, n: i64) -> f64 {
+/// Best-of-five float32 GEMM rate (GFLOP/s) of an [m, k] × [k, n] product through each of
+/// libtorch's CPU GEMM libraries: MKL (`matmul`) and oneDNN (a 1×1 convolution,
+/// `knowrl_engine::kernels::onednn_linear`; `None` for a shape it declines). On an AMD EPYC with
+/// AVX-512, MKL runs its non-Intel kernels at half oneDNN's rate, so a floor priced at MKL's rate
+/// alone would be half the machine's.
+fn gemm_gflops(m: i64, k: i64, n: i64) -> (f64, Option<f64>) {
     let a = Tensor::randn([m, k], (Kind::Float, tch::Device::Cpu));
     let b = Tensor::randn([k, n], (Kind::Float, tch::Device::Cpu));
+    let w = b.tr().contiguous();
     let reps = ((2e9 / (2.0 * (m * k * n) as f64)) as usize).clamp(3, 2000);
-    let secs = best_of_five(&|| {
-        for _ in 0..reps {
-            let _ = a.matmul(&b);
-        }
+    let rate =
+        |run: &dyn Fn()| 2.0 * (m * k * n) as f64 * reps as f64 / best_of_five(&|| (0..reps).for_each(|_| run())) / 1e9;
+    let mkl = rate(&|| {
+        let _ = a.matmul(&b);
     });
-    2.0 * (m * k * n) as f64 * reps as f64 / secs / 1e9
+    let onednn = knowrl_engine::kernels::onednn_linear::linear_conv(&a, &w, None).map(|_| {
+        rate(&|| {
+            let _ = knowrl_engine::kernels::onednn_linear::linear_conv(&a, &w, None);
+        })
+    });
+    (mkl, onednn)
 }
 
 /// One decode step's weight matmuls on SmolLM2-135M's shapes (30 layers of q, k, v, o, gate,
@@ -115,10 +125,21 @@ pub fn run(a: Args) -> Result<()> {
     // The GEMM rate is probed before the first config and after each one: on a shared VM it
     // moved between 90 and 170 GFLOP/s within one run, so each config's floor divides by the
     // best rate seen on either side of it (the machine's attainable rate then, not a dip).
-    let probe = || gemm_gflops(512, 576, 1536);
-    let mut probes = vec![probe()];
-    let gemm_decode = gemm_gflops(32, 576, 1536);
-    println!("float32 GEMM: {:.1} GFLOP/s (512 × 576 × 1536), {gemm_decode:.1} GFLOP/s at 32 rows", probes[0]);
+    // The floor's rate is the faster library's (each probe's both rates go to the JSON).
+    let (mut by_library, mut probes) = (Vec::new(), Vec::new());
+    let probe = |probes: &mut Vec<f64>, by_library: &mut Vec<Value>| {
+        let (mkl, onednn) = gemm_gflops(512, 576, 1536);
+        by_library.push(json!({"mkl": mkl, "onednn": onednn}));
+        probes.push(onednn.unwrap_or(0.0).max(mkl));
+        (mkl, onednn)
+    };
+    let (mkl, onednn) = probe(&mut probes, &mut by_library);
+    let gemm_decode = gemm_gflops(32, 576, 1536).0;
+    println!(
+        "float32 GEMM (512 × 576 × 1536): MKL {mkl:.1} GFLOP/s, oneDNN {:.1} GFLOP/s (knowrl's many-row products: {:?}); {gemm_decode:.1} GFLOP/s at 32 rows",
+        onednn.unwrap_or(f64::NAN),
+        knowrl_engine::kernels::onednn_linear::backend()
+    );
     // A decode step reads every weight once: at few rows its floor is the memory's, not the GEMM rate.
     let decode = decode_matmuls(&[1, 8, 32]);
     // The memory bandwidth of the roofline: the fastest stream of the weights above.
@@ -140,7 +161,7 @@ pub fn run(a: Args) -> Result<()> {
         let metrics = crate::train::train_with_progress(&policy, &tool, &cfg, false, &name)
             .with_context(|| format!("{}: training", path.display()))?;
         drop(policy);
-        probes.push(probe());
+        probe(&mut probes, &mut by_library);
         let gemm = probes[probes.len() - 2].max(probes[probes.len() - 1]);
         let timed = &metrics[1..];
         let mean =
@@ -208,6 +229,8 @@ pub fn run(a: Args) -> Result<()> {
         "memory_gb_s": gb_s,
         "gemm_gflops": gemm,
         "gemm_gflops_probes": probes,
+        "gemm_gflops_probes_by_library": by_library,
+        "gemm_backend": format!("{:?}", knowrl_engine::kernels::onednn_linear::backend()),
         "gemm_gflops_32_rows": gemm_decode,
         "decode_step_matmuls": decode,
         "methods": detail,
@@ -217,7 +240,8 @@ pub fn run(a: Args) -> Result<()> {
         "floor": "matmul FLOPs the step computed (weight GEMMs and attention score/value products of generation \
                   incl. observation prefill, scoring and backward; padding of packed feeds, rows that repeat a prompt \
                   or a history (copied, not computed) and LoRA products and the retriever encoder not counted) / the best \
-                  GEMM probe on either side of the config (methods.<m>.gemm_gflops); work_floor_s: the same with every \
+                  GEMM probe on either side of the config (methods.<m>.gemm_gflops; each probe is the faster of MKL and oneDNN, \
+                  gemm_gflops_probes_by_library); gemm_backend: the library knowrl's many-row products ran on; work_floor_s: the same with every \
                   row computed in full (shared_gflop_per_step is the difference); weights_only_floor_s: without the attention products",
         "roofline": "roofline_floor_s: each model call (a forward's blocks, the LM head) priced at the larger of its FLOPs at \
                      the GEMM rate and the bytes it must read (its weights, again for the backward's activation gradients, \

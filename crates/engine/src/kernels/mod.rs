@@ -1,5 +1,6 @@
 //! The engine's own CPU kernels, for the shapes where libtorch's generic paths lose: a decode
-//! step's few rows of x·Wᵀ (`small_gemm`), one decode step's attention (`decode_attention`),
+//! step's few rows of x·Wᵀ (`small_gemm`), many rows of it through oneDNN where MKL runs its
+//! slower non-Intel kernels (`onednn_linear`), one decode step's attention (`decode_attention`),
 //! log p(target) + entropy over a vocabulary row (`target_logprobs`), and the loops they share
 //! (`vmath`: dot, sum, max, exp), run on libtorch's OpenMP team (`omp`). The RMSNorm and AdamW
 //! row loops use the same `vmath::simd_dispatch!`.
@@ -11,6 +12,7 @@
 //! in the safetensors mmap and in the logits read.
 pub mod decode_attention;
 pub mod omp;
+pub mod onednn_linear;
 pub mod small_gemm;
 pub mod target_logprobs;
 pub mod vmath;
