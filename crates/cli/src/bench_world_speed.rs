@@ -51,7 +51,7 @@ fn best_of_five(run: &dyn Fn()) -> f64 {
 /// `knowrl_engine::kernels::onednn_linear`; `None` for a shape it declines). On an AMD EPYC with
 /// AVX-512, MKL runs its non-Intel kernels at half oneDNN's rate, so a floor priced at MKL's rate
 /// alone would be half the machine's.
-fn gemm_gflops(m: i64, k: i64, n: i64) -> (f64, Option<f64>) {
+fn gemm_gflops(m: i64, k: i64, n: i64) -> GemmRate {
     let a = Tensor::randn([m, k], (Kind::Float, tch::Device::Cpu));
     let b = Tensor::randn([k, n], (Kind::Float, tch::Device::Cpu));
     let w = b.tr().contiguous();
@@ -66,7 +66,20 @@ fn gemm_gflops(m: i64, k: i64, n: i64) -> (f64, Option<f64>) {
             let _ = knowrl_engine::kernels::onednn_linear::linear_conv(&a, &w, None);
         })
     });
-    (mkl, onednn)
+    GemmRate { mkl, onednn }
+}
+
+/// One probe's rate through each library (GFLOP/s).
+struct GemmRate {
+    mkl: f64,
+    onednn: Option<f64>,
+}
+
+impl GemmRate {
+    /// The faster library's: the machine's rate, the floor's.
+    fn best(&self) -> f64 {
+        self.onednn.unwrap_or(0.0).max(self.mkl)
+    }
 }
 
 /// One decode step's weight matmuls on SmolLM2-135M's shapes (30 layers of q, k, v, o, gate,
@@ -126,18 +139,13 @@ pub fn run(a: Args) -> Result<()> {
     // moved between 90 and 170 GFLOP/s within one run, so each config's floor divides by the
     // best rate seen on either side of it (the machine's attainable rate then, not a dip).
     // The floor's rate is the faster library's (each probe's both rates go to the JSON).
-    let (mut by_library, mut probes) = (Vec::new(), Vec::new());
-    let probe = |probes: &mut Vec<f64>, by_library: &mut Vec<Value>| {
-        let (mkl, onednn) = gemm_gflops(512, 576, 1536);
-        by_library.push(json!({"mkl": mkl, "onednn": onednn}));
-        probes.push(onednn.unwrap_or(0.0).max(mkl));
-        (mkl, onednn)
-    };
-    let (mkl, onednn) = probe(&mut probes, &mut by_library);
-    let gemm_decode = gemm_gflops(32, 576, 1536).0;
+    let probe = || gemm_gflops(512, 576, 1536);
+    let mut probes = vec![probe()];
+    let gemm_decode = gemm_gflops(32, 576, 1536).mkl;
     println!(
-        "float32 GEMM (512 × 576 × 1536): MKL {mkl:.1} GFLOP/s, oneDNN {:.1} GFLOP/s (knowrl's many-row products: {:?}); {gemm_decode:.1} GFLOP/s at 32 rows",
-        onednn.unwrap_or(f64::NAN),
+        "float32 GEMM (512 × 576 × 1536): MKL {:.1} GFLOP/s, oneDNN {:.1} GFLOP/s (knowrl's many-row products: {:?}); {gemm_decode:.1} GFLOP/s at 32 rows",
+        probes[0].mkl,
+        probes[0].onednn.unwrap_or(f64::NAN),
         knowrl_engine::kernels::onednn_linear::backend()
     );
     // A decode step reads every weight once: at few rows its floor is the memory's, not the GEMM rate.
@@ -157,12 +165,12 @@ pub fn run(a: Args) -> Result<()> {
         let policy = knowrl_run::load(&cfg)?;
         let tool = knowrl_run::retriever(&cfg)?;
         // Calls under this many FLOPs a byte are memory-bound (the rate probed just before).
-        knowrl_engine::flops::set_machine_balance(probes[probes.len() - 1] / gb_s);
+        knowrl_engine::flops::set_machine_balance(probes[probes.len() - 1].best() / gb_s);
         let metrics = crate::train::train_with_progress(&policy, &tool, &cfg, false, &name)
             .with_context(|| format!("{}: training", path.display()))?;
         drop(policy);
-        probe(&mut probes, &mut by_library);
-        let gemm = probes[probes.len() - 2].max(probes[probes.len() - 1]);
+        probes.push(probe());
+        let gemm = probes[probes.len() - 2].best().max(probes[probes.len() - 1].best());
         let timed = &metrics[1..];
         let mean =
             |f: &dyn Fn(&knowrl_rl::method::StepMetrics) -> f64| timed.iter().map(f).sum::<f64>() / timed.len() as f64;
@@ -220,7 +228,7 @@ pub fn run(a: Args) -> Result<()> {
             }),
         );
     }
-    let gemm = probes.iter().copied().fold(0.0, f64::max);
+    let gemm = probes.iter().map(GemmRate::best).fold(0.0, f64::max);
     let _ = std::fs::remove_dir_all(&scratch);
     let out: Value = json!({
         "seconds_per_step": seconds,
@@ -228,8 +236,8 @@ pub fn run(a: Args) -> Result<()> {
         "roofline_ratio": roofline_ratio,
         "memory_gb_s": gb_s,
         "gemm_gflops": gemm,
-        "gemm_gflops_probes": probes,
-        "gemm_gflops_probes_by_library": by_library,
+        "gemm_gflops_probes": probes.iter().map(GemmRate::best).collect::<Vec<_>>(),
+        "gemm_gflops_probes_by_library": probes.iter().map(|r| json!({"mkl": r.mkl, "onednn": r.onednn})).collect::<Vec<_>>(),
         "gemm_backend": format!("{:?}", knowrl_engine::kernels::onednn_linear::backend()),
         "gemm_gflops_32_rows": gemm_decode,
         "decode_step_matmuls": decode,

@@ -165,8 +165,8 @@ impl Linear {
 
 /// x·Wᵀ + b. A decode step's few rows of f32 on CPU (outside autograd) go to
 /// [`crate::kernels::small_gemm`] when the CPU has AVX-512 or AVX2+FMA; many rows go to oneDNN
-/// where it is the faster library ([`crate::kernels::onednn_linear`]); few rows that need a
-/// gradient are computed as (W·xᵀ)ᵀ, which
+/// where it is the faster library ([`crate::kernels::onednn_linear`]); other few rows of f32 on
+/// CPU (under autograd, or without those ISAs) are computed as (W·xᵀ)ᵀ, which
 /// MKL runs faster than x·Wᵀ: 32 sampled rows of SmolLM2-135M generate 64 tokens in 10.1 s
 /// instead of 11.4 s (3 alternating runs each, libtorch 2.11, 2 cores). Same values up to
 /// summation order.

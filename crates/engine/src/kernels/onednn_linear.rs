@@ -23,8 +23,8 @@ pub enum GemmBackend {
 }
 
 /// This process's backend: `KNOWRL_GEMM=mkl` or `onednn` when set, else oneDNN on x86 CPUs
-/// that are not Intel's (MKL runs its slower non-Intel path there; measured faster on AMD EPYC
-/// with AVX-512 and with AVX2 only) and MKL on Intel's (its AVX-512 kernels; oneDNN not measured
+/// that are not Intel's (MKL runs its slower non-Intel path there; measured faster on an AMD
+/// EPYC with AVX-512, and there with both libraries capped at AVX2) and MKL on Intel's (its AVX-512 kernels; oneDNN not measured
 /// there). Another value of `KNOWRL_GEMM` is reported once and ignored.
 pub fn backend() -> GemmBackend {
     static BACKEND: std::sync::OnceLock<GemmBackend> = std::sync::OnceLock::new();
