@@ -1,6 +1,7 @@
 //! The engine's own CPU kernels, for the shapes where libtorch's generic paths lose: a decode
 //! step's few rows of x·Wᵀ (`small_gemm`), many rows of it through oneDNN where MKL runs its
 //! slower non-Intel kernels (`onednn_linear`), one decode step's attention (`decode_attention`),
+//! attention of many queries per row outside autograd (`prefill_attention`),
 //! log p(target) + entropy over a vocabulary row (`target_logprobs`), and the loops they share
 //! (`vmath`: dot, sum, max, exp), run on libtorch's OpenMP team (`omp`). The RMSNorm and AdamW
 //! row loops use the same `vmath::simd_dispatch!`.
@@ -13,6 +14,7 @@
 pub mod decode_attention;
 pub mod omp;
 pub mod onednn_linear;
+pub mod prefill_attention;
 pub mod small_gemm;
 pub mod target_logprobs;
 pub mod vmath;

@@ -394,8 +394,14 @@ impl Attention {
             LayerKv::Prefix(pk, pv) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
             LayerKv::None => (k, v),
         };
-        let y = Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true);
-        let y = y.transpose(1, 2).reshape([b, t, self.n_heads * self.head_dim]).to_kind(x.kind());
+        // Outside autograd on CPU (π_old, evaluation, BRIDGE's candidates, prompt prefill) the
+        // engine's kernel: libtorch's flash attention runs small MKL products there.
+        let y = crate::kernels::prefill_attention::attend(&q, &k, &v, mask).unwrap_or_else(|| {
+            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true)
+                .transpose(1, 2)
+                .reshape([b, t, self.n_heads * self.head_dim])
+        });
+        let y = y.to_kind(x.kind());
         let y = match packing {
             Some(p) => p.pack(&y),
             None => y,
@@ -484,8 +490,12 @@ impl Attention {
             let qr = q.narrow(0, off, len).transpose(0, 1).unsqueeze(0); // [1, heads, len, d]
             let m = mask.narrow(0, r, 1).narrow(2, start, len);
             let (kr, vr) = (keys.narrow(0, r, 1), values.narrow(0, r, 1));
-            let y = Tensor::scaled_dot_product_attention(&qr, &kr, &vr, Some(&m), 0.0, false, None, true);
-            rows.push(y.squeeze_dim(0).transpose(0, 1).reshape([len, self.n_heads * d]));
+            let y = crate::kernels::prefill_attention::attend(&qr, &kr, &vr, &m).unwrap_or_else(|| {
+                Tensor::scaled_dot_product_attention(&qr, &kr, &vr, Some(&m), 0.0, false, None, true)
+                    .squeeze_dim(0)
+                    .transpose(0, 1)
+            });
+            rows.push(y.reshape([len, self.n_heads * d]));
             off += len;
         }
         Tensor::cat(&rows, 0) // a packed feed has a row with tokens (`feed` skips empty ones)
