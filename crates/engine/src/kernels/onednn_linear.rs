@@ -66,12 +66,26 @@ const MIN_ROWS: i64 = 65;
 const MIN_WIDTH: i64 = 128;
 
 /// x [.., k] · w [n, k]ᵀ (+ bias [n]) as a 1×1 convolution, when the backend is oneDNN and the
-/// shape is a large f32 CPU product; `None` otherwise. Differentiable in x, w and bias.
+/// shape is a large f32 CPU product (and, without AVX-512, w does not train); `None`
+/// otherwise. Differentiable in x, w and bias.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Option<Tensor> {
     if backend() != GemmBackend::OneDnn {
         return None;
     }
+    if trained_weight_on_mkl() && super::needs_grad(&[w]) {
+        return None;
+    }
     linear_conv(x, w, bias)
+}
+
+/// Whether products whose weight trains stay on MKL: everywhere but on AVX-512 CPUs. oneDNN's
+/// 1×1 weight-gradient kernel is slower than MKL's sgemm there too, but its forward gains more
+/// (full fine-tuning, `bench grpo`'s step: AVX-512 AMD 10.1–10.7 s all on MKL, 9.5–10.1 on
+/// oneDNN, 10.4–10.7 with trained weights on MKL; AVX2-only Zen 2 15.3–15.5 all on MKL, 20.0 on
+/// oneDNN, 15.2–15.6 with trained weights on MKL). A frozen base under a LoRA trains no weight
+/// here, so the world's RL steps keep every large product on oneDNN.
+fn trained_weight_on_mkl() -> bool {
+    crate::kernels::vmath::isa() != crate::kernels::vmath::Isa::Avx512
 }
 
 /// The convolution itself, whatever the backend (tests compare it with `Tensor::linear`).
