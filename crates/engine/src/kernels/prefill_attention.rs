@@ -43,8 +43,8 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Option<Tenso
     }
     let mask = mask.contiguous();
     // Kᵀ of every (row, kv head), keys padded with zeros to whole tiles: [b, nkv, d, padded].
-    let padded = (keys + NC as i64 - 1) / NC as i64 * NC as i64;
-    let kt = Tensor::zeros([b, nkv, d, padded], (Kind::Float, Device::Cpu));
+    let padded = (keys as usize).div_ceil(NC) * NC;
+    let kt = Tensor::zeros([b, nkv, d, padded as i64], (Kind::Float, Device::Cpu));
     kt.narrow(3, 0, keys).copy_(&k.transpose(2, 3));
     let out = Tensor::empty([b, t, nh * d], (Kind::Float, Device::Cpu));
     let [b, nh, t, d, nkv, keys] = [b, nh, t, d, nkv, keys].map(|x| x as usize);
@@ -54,7 +54,6 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Option<Tenso
     let tasks = b * nh * blocks;
     let threads = (tch::get_num_threads().max(1) as usize).min(tasks);
     let scale = 1.0 / (d as f32).sqrt();
-    let padded = padded as usize;
     // Addresses as integers so the closure is Sync; each task writes its own (row, head, block).
     let ptr = |x: &Tensor| x.data_ptr() as usize;
     let (qp, kp, vp, mp, op) = (ptr(q), ptr(&kt), ptr(v), ptr(&mask), ptr(&out));

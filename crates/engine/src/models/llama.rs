@@ -394,14 +394,7 @@ impl Attention {
             LayerKv::Prefix(pk, pv) => (Tensor::cat(&[pk, &k], 2), Tensor::cat(&[pv, &v], 2)),
             LayerKv::None => (k, v),
         };
-        // Outside autograd on CPU (π_old, evaluation, BRIDGE's candidates, prompt prefill) the
-        // engine's kernel: libtorch's flash attention runs small MKL products there.
-        let y = crate::kernels::prefill_attention::attend(&q, &k, &v, mask).unwrap_or_else(|| {
-            Tensor::scaled_dot_product_attention(&q, &k, &v, Some(mask), 0.0, false, None, true)
-                .transpose(1, 2)
-                .reshape([b, t, self.n_heads * self.head_dim])
-        });
-        let y = y.to_kind(x.kind());
+        let y = attend(&q, &k, &v, mask).to_kind(x.kind());
         let y = match packing {
             Some(p) => p.pack(&y),
             None => y,
@@ -490,16 +483,26 @@ impl Attention {
             let qr = q.narrow(0, off, len).transpose(0, 1).unsqueeze(0); // [1, heads, len, d]
             let m = mask.narrow(0, r, 1).narrow(2, start, len);
             let (kr, vr) = (keys.narrow(0, r, 1), values.narrow(0, r, 1));
-            let y = crate::kernels::prefill_attention::attend(&qr, &kr, &vr, &m).unwrap_or_else(|| {
-                Tensor::scaled_dot_product_attention(&qr, &kr, &vr, Some(&m), 0.0, false, None, true)
-                    .squeeze_dim(0)
-                    .transpose(0, 1)
-            });
-            rows.push(y.reshape([len, self.n_heads * d]));
+            rows.push(attend(&qr, &kr, &vr, &m).reshape([len, self.n_heads * d]));
             off += len;
         }
         Tensor::cat(&rows, 0) // a packed feed has a row with tokens (`feed` skips empty ones)
     }
+}
+
+/// softmax(q·kᵀ/√d, masked)·v for q [b, nh, t, d], k and v [b, nkv, keys, d] (GQA) under the
+/// boolean `mask` [b, 1, t, keys], as [b, t, nh·d] (heads concatenated for o_proj). Outside
+/// autograd on CPU (observation feeds, π_old, evaluation, BRIDGE's candidates) the engine's
+/// kernel runs it: libtorch's flash attention runs small MKL products there.
+fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Tensor {
+    crate::kernels::prefill_attention::attend(q, k, v, mask).unwrap_or_else(|| {
+        let (b, nh, t, d) = q.size4().expect("attention: q is [b, heads, t, d]");
+        Tensor::scaled_dot_product_attention(q, k, v, Some(mask), 0.0, false, None, true).transpose(1, 2).reshape([
+            b,
+            t,
+            nh * d,
+        ])
+    })
 }
 
 impl Mlp {
