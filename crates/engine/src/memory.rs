@@ -122,8 +122,11 @@ pub fn estimate(c: &DecoderConfig, w: &Workload) -> Estimate {
     let activations = tokens * layers * activation_bytes_per_token_layer(c, w, w.train_tokens);
     let prefill = (w.rollout_rows * w.prompt_tokens) as f64 * prefill_bytes_per_token(c, w, w.prompt_tokens);
     // Scoring keeps one f32 vocabulary row per token for the backward (the probabilities the
-    // log-prob's gradient needs), plus a chunk's logits and log-softmax in flight.
-    let logits = (tokens + 2.0 * HEAD_CHUNK.min(tokens)) * c.vocab_size as f64 * 4.0;
+    // log-prob's gradient needs), plus a chunk's logits and log-softmax in flight. A frozen f32
+    // head on the CPU (LoRA) takes its gradient in the forward: only a chunk's logits and
+    // probabilities exist at once (`score`).
+    let kept_rows = if w.lora_rank.is_some() && w.dtype_bytes == 4 && w.cpu { 0.0 } else { tokens };
+    let logits = (kept_rows + 2.0 * HEAD_CHUNK.min(tokens)) * c.vocab_size as f64 * 4.0;
     let rollout_logits = 2.0 * w.rollout_rows as f64 * c.vocab_size as f64 * 4.0;
     // Merged only on a 32-bit base: every block's projections, one more copy.
     let (h, i) = (c.hidden_size as f64, c.intermediate_size as f64);

@@ -1,0 +1,35 @@
+"""A LoRA projection's forward + backward under autograd, four ways of adding the adapter's
+h·Bᵀ to the base product (oneDNN's 1x1 convolution, whose output is a view): in place into
+the base (what knowrl did: autograd then copies and zero-fills [N, out] around the in-place
+write), out-of-place addmm, and h·Bᵀ first with the base added into it (knowrl now, under
+grad). Base alone for scale; 2 threads. Run: `.venv/bin/python experiments/world-v2/lora_forms.py`.
+Why `layers::Linear::forward` adds the base into h·Bᵀ under autograd (docs/performance.md)."""
+import time, torch
+torch.set_num_threads(2)
+def bench(f, reps=12):
+    for _ in range(3): f()
+    t=time.perf_counter()
+    for _ in range(reps): f()
+    return (time.perf_counter()-t)/reps*1e3
+def conv(x,W4,n):
+    m,k=x.shape
+    return torch.nn.functional.conv2d(x.view(1,m,1,k).permute(0,3,1,2),W4).permute(0,2,3,1).reshape(m,n)
+for rows,k,n in [(1360,576,1536),(1360,1536,576),(1360,576,192)]:
+    W=torch.randn(n,k)/30; W4=W.view(n,k,1,1)
+    A=(torch.randn(16,k)/30).requires_grad_(); B=(torch.randn(n,16)/30).requires_grad_()
+    x=torch.randn(rows,k,requires_grad=True); g=torch.randn(rows,n)
+    def base(): conv(x,W4,n).backward(g)
+    def cur():
+        h=torch.nn.functional.linear(x,A)*2.0
+        y=conv(x,W4,n); y.addmm_(h,B.t()); y.backward(g)
+    def outplace_addmm():
+        h=torch.nn.functional.linear(x,A)*2.0
+        y=torch.addmm(conv(x,W4,n),h,B.t()); y.backward(g)
+    def z_first():
+        h=torch.nn.functional.linear(x,A)*2.0
+        z=h.mm(B.t()); z+=conv(x,W4,n); z.backward(g)
+    def z_first_lin():
+        h=torch.nn.functional.linear(x,A)*2.0
+        z=torch.nn.functional.linear(h,B); z+=conv(x,W4,n); z.backward(g)
+    r={f.__name__: bench(f) for f in [base,cur,outplace_addmm,z_first,z_first_lin,base,cur]}
+    print(rows,k,n, {a: round(b,2) for a,b in r.items()})
