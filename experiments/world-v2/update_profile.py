@@ -3,8 +3,8 @@
 convolutions as knowrl runs them on AMD (`kernels::onednn_linear`), SDPA with a boolean
 causal mask, a batch shaped like Knowledgeable-R1's PPO micro-batch (B rows of L tokens, the
 log-prob of the last R tokens through the LM head). torch.profiler's self CPU time per op, 2
-threads. Run: `.venv/bin/python experiments/world-v2/update_profile.py [B L R]`; results in
-bench/results/update-profile-<machine>.txt."""
+threads. Run: `.venv/bin/python experiments/world-v2/update_profile.py [B L R]`; what it showed is in
+docs/performance.md (2026-12-07, Zen 2: the frozen head's gradient in the forward)."""
 import os, sys, time
 import torch
 from torch.profiler import profile, ProfilerActivity
