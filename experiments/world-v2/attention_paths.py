@@ -6,17 +6,13 @@ forward and forward+backward. Why `knowrl_engine::kernels::prefill_attention` ex
 training attention stays on SDPA (docs/performance.md, 2026-12-07, AVX2-only AMD). Run with the
 project's venv: `.venv/bin/python experiments/world-v2/attention_paths.py`; results in
 bench/results/attention-paths-amd-avx2.txt."""
-import time
 import torch
+from cpu_timing import seconds
 
 torch.set_num_threads(2)
 
 
-def bench(f, reps=10):
-    for _ in range(3): f()
-    t=time.perf_counter()
-    for _ in range(reps): f()
-    return (time.perf_counter()-t)/reps
+bench = seconds
 
 print('(1) no grad: flash vs the stacked math path')
 for (B,Lq,Lk) in [(1,100,450),(1,160,300),(1,30,500),(8,100,450),(16,300,300),(32,200,200)]:

@@ -8,23 +8,12 @@ ONEDNN_MAX_CPU_ISA=AVX2 to see oneDNN's AVX2 kernels against MKL's on an AVX-512
 Results: bench/results/onednn-gemm-<machine>.txt."""
 import os, random, time
 import torch
+from cpu_timing import conv_linear, seconds
 
 torch.set_num_threads(2)
 
 
-def bench(f, reps=10):
-    for _ in range(3):
-        f()
-    t = time.perf_counter()
-    for _ in range(reps):
-        f()
-    return (time.perf_counter() - t) / reps
-
-
-def conv_linear(x, w4):
-    m, k = x.shape
-    y = torch.nn.functional.conv2d(x.view(1, m, 1, k).permute(0, 3, 1, 2), w4)
-    return y.permute(0, 2, 3, 1).reshape(m, -1)
+bench = seconds
 
 
 print("torch", torch.__version__, "| ONEDNN_MAX_CPU_ISA =", os.environ.get("ONEDNN_MAX_CPU_ISA"))

@@ -8,19 +8,14 @@ GRPO's continuations (16 × 150 over 210 keys) and prefixes (4 × 60). Run:
 continuations grouped by shared prefix (8 groups of 8 rows: 88 queries over the prefix and the
 group's 88 continuation keys, a block mask) against one attention row per sample, both SDPA;
 timing only (the grouped call reads the first row's prefix for the group)."""
-import time
 import torch
+from cpu_timing import seconds
 
 torch.set_num_threads(2)
 
 
-def bench(f, reps=10):
-    for _ in range(3):
-        f()
-    t = time.perf_counter()
-    for _ in range(reps):
-        f()
-    return (time.perf_counter() - t) / reps * 1e3
+def bench(f):
+    return seconds(f) * 1e3
 
 
 def stacked(q, k, v, mask):

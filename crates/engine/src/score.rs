@@ -278,14 +278,13 @@ fn response_scores_in(
         let h_chunk = h.narrow(0, start, len);
         if frozen_head {
             let logits = tch::no_grad(|| lm.logits(&h_chunk));
-            if let Some((value, entropy, Some(q))) = target_logprobs(&logits, ids, inv_t as f32, true) {
-                drop(logits);
-                let g = lm.head_input_grad(&q).expect("a frozen f32 CPU head") * -inv_t;
-                let carrier = (&h_chunk * &g).sum_dim_intlist(-1, false, Kind::Float);
-                lp.push(value + (&carrier - carrier.detach()));
-                ent.push(entropy);
-                continue;
-            }
+            let (value, entropy, q) = target_logprobs(&logits, ids, inv_t as f32, true).expect("f32 CPU logits");
+            drop(logits);
+            let g = lm.head_input_grad(&q.expect("asked for q")).expect("a frozen f32 CPU head") * -inv_t;
+            let carrier = (&h_chunk * &g).sum_dim_intlist(-1, false, Kind::Float);
+            lp.push(value + (&carrier - carrier.detach()));
+            ent.push(entropy);
+            continue;
         }
         let logits = lm.logits(&h_chunk);
         let one_pass = fused.then(|| target_logprobs(&logits, ids, inv_t as f32, logits.requires_grad())).flatten();

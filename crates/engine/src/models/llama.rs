@@ -806,7 +806,7 @@ impl DecoderLm {
     /// Logits for hidden states [.., D], upcast to float32 when the model runs in 16 bits
     /// (float64 models keep float64: the gradient-parity tests run in double precision).
     pub fn logits(&self, hidden: &Tensor) -> Tensor {
-        let w = self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight);
+        let w = self.head_weight();
         let l = crate::layers::linear(hidden, w, None);
         let rows = hidden.numel() as i64 / self.cfg.hidden_size.max(1);
         let (macs, passes) = ((self.cfg.hidden_size * self.cfg.vocab_size) as f64, self.backward_passes(&l));
@@ -825,21 +825,25 @@ impl DecoderLm {
     /// on an AVX2 Zen 2, this product through MKL ~145. `None` when the weight trains or is not
     /// float32 on the CPU: the caller keeps autograd's path.
     pub fn head_input_grad(&self, dlogits: &Tensor) -> Option<Tensor> {
-        let w = self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight);
-        if w.requires_grad() || !crate::kernels::f32_cpu(&[w, dlogits]) || dlogits.dim() != 2 {
+        if !self.head_is_frozen_f32_cpu() || !crate::kernels::f32_cpu(&[dlogits]) || dlogits.dim() != 2 {
             return None;
         }
         let macs = (self.cfg.hidden_size * self.cfg.vocab_size) as f64;
         let flops = crate::flops::forward(dlogits.size()[0], macs, 0);
         crate::flops::add_weights(flops);
         crate::flops::add_call(flops, macs * 4.0);
-        Some(dlogits.mm(w))
+        Some(dlogits.mm(self.head_weight()))
     }
 
     /// Whether [`Self::head_input_grad`] applies: the head's weight is frozen float32 on the CPU.
     pub fn head_is_frozen_f32_cpu(&self) -> bool {
-        let w = self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight);
+        let w = self.head_weight();
         !w.requires_grad() && crate::kernels::f32_cpu(&[w])
+    }
+
+    /// The LM head's weight [V, D]: its own, or the embedding when tied.
+    fn head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().map_or(&self.embed_tokens, |h| &h.weight)
     }
 
     /// Every parameter in its exported form: LoRA merged into its base weight, adapter tensors
